@@ -1,0 +1,46 @@
+"""Which opcode keys get the `@same` variant.
+
+CPU models resolve some opcodes to a different scheduling class when all their
+register operands are one register: zero idioms (`xor %eax,%eax`: latency 0, no
+port on Intel cores) and dependency-breaking idioms (`pcmpeqd %xmm1,%xmm1`,
+`sbb %eax,%eax` on AMD cores). The decoder gives such instances the key
+`OPCODE@same`, and each CPU's parameter table says what that variant costs there.
+The candidate list is deliberately generous (every opcode that any LLVM x86 model
+treats as an idiom); a variant that a CPU does not special-case simply gets the same
+parameters as the plain opcode when its table is built.
+"""
+
+from __future__ import annotations
+
+import re
+
+_IDIOM_OPCODE = re.compile(
+    r"^(?:"
+    r"(?:SUB|XOR|SBB|CMP)(?:8|16|32|64)rr(?:_REV)?"
+    r"|(?:MMX_)?V?(?:PXOR|PANDN|XORPS|XORPD|ANDNPS|ANDNPD"
+    r"|PSUB[BWDQ]|PSUBS[BW]|PSUBUS[BW]|PCMPEQ[BWDQ]|PCMPGT[BWDQ])(?:Y|Z|Z128|Z256)?rr"
+    r"|VPXOR[DQ](?:Z|Z128|Z256)rr|VPANDN[DQ](?:Z|Z128|Z256)rr"
+    r")$"
+)
+
+SAME = "@same"
+
+
+def is_idiom_candidate(opcode: str) -> bool:
+  """True when `opcode` (an LLVM opcode name) has an `@same` variant."""
+  return _IDIOM_OPCODE.match(opcode) is not None
+
+
+def variant_key(opcode: str, sources: list[str]) -> str:
+  """The opcode key: `opcode`, plus `@same` when its two register sources coincide.
+
+  Args:
+    opcode: LLVM opcode name, as `llvm-mc -show-inst` prints it.
+    sources: the instruction's explicit register *source* operands: for
+      `xor %ecx,%eax` (XOR32rr) EAX and ECX; for `vpxor %xmm1,%xmm2,%xmm3` XMM2 and
+      XMM1. In an MCInst these are its last two register operands. Any naming
+      scheme works as long as one register always has one name.
+  """
+  if is_idiom_candidate(opcode) and len(sources) == 2 and sources[0] == sources[1]:
+    return opcode + SAME
+  return opcode

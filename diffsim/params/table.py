@@ -1,0 +1,310 @@
+"""The parameter pytree: a CPU's timing table in dense arrays.
+
+A table has three parts (see docs in `SCHEMA.md` for the JSON form):
+- `Params`: the numbers that are fitted or searched (float leaves only): per-opcode
+  micro-ops, latency per write role, read-advance per read class, resource cycles;
+  global widths and buffer sizes.
+- `Structure`: discrete facts that follow from the resource model and do not change
+  during a fit (which groups an opcode reserves or touches, which buffers it takes,
+  load/store and idiom flags). Integer and bool arrays.
+- `Layout`: static, hashable names and sizes (opcode keys, unit and group names,
+  member masks). It sets every shape, so it is a static argument under `jit`.
+
+Resource indices follow llvm-mca's bit order: units (ProcResource kinds, a kind with
+N units expanded to N units) sorted by name with digit runs compared as numbers,
+then groups in the same order. `res_cycles[k, r]` is the number of cycles opcode k
+keeps resource r busy after llvm-mca's normalisation (pipeline-model.md 3.1): for a
+unit, that unit; for a group, one member chosen at issue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+from flax import struct
+
+# Write roles with their own latency column. `op*` are explicit destinations; implicit
+# writes are keyed by register; everything else falls into "other".
+WRITE_ROLES = ("op0", "op1", "op2", "EFLAGS", "RSP", "RAX", "RDX", "RCX", "RSI", "RDI", "RBX",
+               "other")
+# Read classes with their own read-advance column.
+READ_CLASSES = ("op", "flags", "implicit", "addr")
+# Register kinds that a register file can rename (`global.register_files[].classes`).
+REG_KINDS = ("gpr", "flags", "vec", "mmx", "mask", "x87", "other")
+
+TABLES_DIR = Path(__file__).parent / "tables"
+
+
+def natural_key(name: str):
+  """Sort key that compares digit runs as numbers (HWPort2 < HWPort10)."""
+  return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+@struct.dataclass
+class Params:
+  """Fitted numbers. K opcodes, E write roles, A read classes, R resources, F files."""
+
+  uops: Any  # [K] float: micro-ops
+  latency: Any  # [K, E] float: cycles from issue until each write is available
+  read_advance: Any  # [K, A] float: cycles a read may happen before its producer is done
+  res_cycles: Any  # [K, R] float: cycles each resource is held (0 = unused)
+  dispatch_width: Any  # [] float: micro-ops dispatched per cycle
+  rob_size: Any  # [] float: reorder-buffer entries
+  retire_width: Any  # [] float: instructions retired per cycle, 0 = unlimited
+  buffer_size: Any  # [R] float: scheduler entries per buffered resource, 0 = none
+  load_queue: Any  # [] float: LQ entries, 0 = unbounded
+  store_queue: Any  # [] float: SQ entries, 0 = unbounded
+  prf_size: Any  # [F] float: physical registers per register file, 0 = unbounded
+  move_elim_per_cycle: Any  # [F] float: moves eliminated per cycle, 0 = none
+
+
+@struct.dataclass
+class Structure:
+  """Discrete per-opcode facts (not fitted)."""
+
+  res_need: Any  # [K, R] int32: free members a kept group needs (1 for units)
+  reserved: Any  # [K, R] bool: the kept group is reserved whole for its cycles
+  touched: Any  # [K, R] bool: groups dropped by normalisation but blocked when reserved
+  buffers: Any  # [K, R] bool: the opcode takes one entry of this buffered resource
+  may_load: Any  # [K] bool
+  may_store: Any  # [K] bool
+  load_barrier: Any  # [K] bool
+  store_barrier: Any  # [K] bool
+  ignores_reads: Any  # [K] bool: zero idiom or dependency-breaking: reads are dropped
+  zero_idiom: Any  # [K] bool: allocates no physical register
+  move_elim: Any  # [K] bool: candidate for move elimination
+  begin_group: Any  # [K] bool
+  end_group: Any  # [K] bool
+  supported: Any  # [K] bool: the CPU model can simulate this opcode
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Static names and sizes of a table (hashable; a `jit` static argument)."""
+
+  cpu: str
+  keys: tuple[str, ...]
+  units: tuple[str, ...]  # unit names; bit u of a mask is units[u]
+  groups: tuple[str, ...]
+  group_members: tuple[int, ...]  # [G] bitmask over units
+  file_kinds: tuple[tuple[str, ...], ...]  # [F] register kinds each file renames
+  unsupported: tuple[tuple[str, str], ...] = ()
+
+  @property
+  def num_resources(self) -> int:
+    return len(self.units) + len(self.groups)
+
+  @functools.cached_property
+  def index(self) -> dict[str, int]:
+    return {k: i for i, k in enumerate(self.keys)}
+
+  def __hash__(self):
+    return hash((self.cpu, len(self.keys), self.units, self.groups, self.group_members))
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+  """A complete CPU table: the three parts together."""
+
+  params: Params
+  structure: Structure
+  layout: Layout
+  source: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+
+def _expand_units(resources) -> tuple[list[str], dict[str, list[str]], list[dict]]:
+  """Unit names in bit order, each resource's units, and the group entries."""
+  kinds = [r for r in resources if "members" not in r]
+  groups = [r for r in resources if "members" in r]
+  units: list[str] = []
+  of: dict[str, list[str]] = {}
+  for r in sorted(kinds, key=lambda r: natural_key(r["name"])):
+    n = int(r.get("units", 1))
+    names = [r["name"]] if n == 1 else [f"{r['name']}#{i}" for i in range(n)]
+    units += names
+    of[r["name"]] = names
+  for g in groups:
+    of[g["name"]] = sorted({u for m in g["members"] for u in of[m]}, key=units.index)
+  return units, of, sorted(groups, key=lambda g: natural_key(g["name"]))
+
+
+def normalise(entries, members: Mapping[str, int], order: Mapping[str, int], groups: set):
+  """llvm-mca's de-expansion of a resource list (pipeline-model.md 3.1).
+
+  Args:
+    entries: [(resource, cycles)] as written in the model (own cycles, groups named).
+    members: resource -> bitmask of its units.
+    order: resource -> its position in llvm-mca's bit order.
+    groups: names of ProcResGroups (multi-unit kinds are not among them).
+
+  Returns:
+    kept: {resource: (cycles, need, reserved)}, touched: the groups dropped by the
+    normalisation, expanded: every resource of the expanded list (buffer accounting).
+  """
+  # The compiled tables charge each listed resource's cycles to every group that
+  # contains it as well; rebuild that expanded list first.
+  expanded: dict[str, float] = {}
+  for name, cycles in entries:
+    expanded[name] = expanded.get(name, 0.0) + cycles
+    for g in groups:
+      if g != name and members[name] & members[g] == members[name]:
+        expanded[g] = expanded.get(g, 0.0) + cycles
+
+  def sort_key(n):  # llvm-mca sorts by (bits in the resource mask, mask)
+    bits = bin(members[n]).count("1") + 1 if n in groups else 1
+    return (bits, order[n])
+
+  names = sorted(expanded, key=sort_key)
+  cycles = dict(expanded)
+  need = dict.fromkeys(names, 1)
+  kept, touched = {}, set()
+  for i, a in enumerate(names):
+    if cycles[a] <= 0:
+      if a in groups:
+        touched.add(a)
+      continue
+    kept[a] = cycles[a]
+    for b in names[i + 1:]:
+      if members[a] & members[b] == members[a]:
+        cycles[b] -= cycles[a]
+        if b in groups:
+          need[b] += 1
+  out = {}
+  for a, c in kept.items():
+    size = bin(members[a]).count("1")
+    reserved = a in groups and need[a] > size
+    out[a] = (c, min(need[a], size) if a in groups else 1, reserved)
+  return out, touched, set(expanded)
+
+
+def _reg_kind(classes) -> tuple[str, ...]:
+  return tuple(c for c in classes if c in REG_KINDS)
+
+
+def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
+  """Builds a Table from the JSON form (`SCHEMA.md`)."""
+  resources = doc["resources"]
+  units, of, groups = _expand_units(resources)
+  unit_bit = {u: i for i, u in enumerate(units)}
+  members = {}
+  order = {}
+  for r in resources:
+    members[r["name"]] = sum(1 << unit_bit[u] for u in of[r["name"]])
+  # Multi-unit kinds behave as groups of their units.
+  multi = [r["name"] for r in resources if "members" not in r and int(r.get("units", 1)) > 1]
+  group_names = [g["name"] for g in groups]
+  all_groups = sorted(set(group_names) | set(multi), key=natural_key)
+  kinds = sorted([r["name"] for r in resources if "members" not in r and r["name"] not in multi],
+                 key=natural_key)
+  res_names = kinds + all_groups
+  # Single-unit kinds map to their unit index; groups follow all units.
+  col = {}
+  for n in kinds:
+    col[n] = unit_bit[n]
+  for j, g in enumerate(all_groups):
+    col[g] = len(units) + j
+  for n in res_names:
+    order[n] = col[n]
+  bufsize = {r["name"]: int(r.get("buffer", -1)) for r in resources}
+
+  keys = tuple(sorted(doc["opcodes"]))
+  K, E, A, R = len(keys), len(WRITE_ROLES), len(READ_CLASSES), len(units) + len(all_groups)
+  uops = np.zeros(K, dtype)
+  lat = np.zeros((K, E), dtype)
+  ra = np.zeros((K, A), dtype)
+  cyc = np.zeros((K, R), dtype)
+  need = np.ones((K, R), np.int32)
+  reserved = np.zeros((K, R), bool)
+  touched = np.zeros((K, R), bool)
+  buffers = np.zeros((K, R), bool)
+  flags = {f: np.zeros(K, bool) for f in (
+      "may_load", "may_store", "load_barrier", "store_barrier", "zero_idiom", "dep_breaking",
+      "move_elim", "begin_group", "end_group")}
+  supported = np.ones(K, bool)
+  unsupported = dict(doc.get("unsupported", {}))
+  for k, key in enumerate(keys):
+    op = doc["opcodes"][key]
+    if op.get("unsupported"):
+      supported[k] = False
+      unsupported.setdefault(key, str(op["unsupported"]))
+    uops[k] = op.get("uops", 1)
+    lat[k, :] = op.get("latency", 1)
+    for role, value in op.get("write_latency", {}).items():
+      role = "EFLAGS" if role in ("flags", "EFLAGS") else role
+      lat[k, WRITE_ROLES.index(role if role in WRITE_ROLES else "other")] = value
+    for cls, value in op.get("read_advance", {}).items():
+      cls = "op" if cls.startswith("op") else cls
+      ra[k, READ_CLASSES.index(cls)] = value
+    kept, touch, expanded = normalise(
+        [(n, float(c)) for n, c in op.get("resources", [])], members, order, set(group_names))
+    for n, (c, nd, rs) in kept.items():
+      cyc[k, col[n]] = c
+      need[k, col[n]] = nd
+      reserved[k, col[n]] = rs
+    for n in touch:
+      touched[k, col[n]] = True
+    for n in expanded:
+      if bufsize.get(n, -1) > 0:
+        buffers[k, col[n]] = True
+    for f in flags:
+      flags[f][k] = bool(op.get(f, False))
+  g = doc["global"]
+  files = g.get("register_files", [])
+  params = Params(
+      uops=uops, latency=lat, read_advance=ra, res_cycles=cyc,
+      dispatch_width=np.asarray(g["dispatch_width"], dtype),
+      rob_size=np.asarray(g["rob_size"], dtype),
+      retire_width=np.asarray(g.get("retire_width", 0), dtype),
+      buffer_size=np.asarray([max(bufsize.get(n, -1), 0) if n in bufsize else 0
+                              for n in units + all_groups], dtype),
+      load_queue=np.asarray(g.get("load_queue", 0), dtype),
+      store_queue=np.asarray(g.get("store_queue", 0), dtype),
+      prf_size=np.asarray([f.get("size", 0) for f in files], dtype).reshape(-1),
+      move_elim_per_cycle=np.asarray([f.get("max_moves_per_cycle", 0) for f in files],
+                                     dtype).reshape(-1),
+  )
+  structure = Structure(
+      res_need=need, reserved=reserved, touched=touched, buffers=buffers,
+      may_load=flags["may_load"], may_store=flags["may_store"],
+      load_barrier=flags["load_barrier"], store_barrier=flags["store_barrier"],
+      ignores_reads=flags["zero_idiom"] | flags["dep_breaking"],
+      zero_idiom=flags["zero_idiom"], move_elim=flags["move_elim"],
+      begin_group=flags["begin_group"], end_group=flags["end_group"], supported=supported)
+  layout = Layout(
+      cpu=doc.get("cpu", "custom"), keys=keys, units=tuple(units), groups=tuple(all_groups),
+      group_members=tuple(members[gname] for gname in all_groups),
+      file_kinds=tuple(_reg_kind(f.get("classes", ())) for f in files),
+      unsupported=tuple(sorted(unsupported.items())))
+  return Table(params, structure, layout, source={"cpu": doc.get("cpu"),
+                                                  "source": doc.get("source")})
+
+
+def available_tables() -> list[str]:
+  """Names of the tables shipped with diffsim (`diffsim.params.load_table(name)`)."""
+  return sorted(p.stem for p in TABLES_DIR.glob("*.json"))
+
+
+def load_json(cpu_or_path: str | Path) -> dict:
+  """The JSON document of a shipped table name or a file path."""
+  p = Path(cpu_or_path)
+  if p.suffix == ".json" or p.exists():
+    if not p.exists():
+      raise FileNotFoundError(f"parameter file not found: {p}")
+    return json.loads(p.read_text())
+  shipped = TABLES_DIR / f"{cpu_or_path}.json"
+  if not shipped.exists():
+    raise ValueError(f"unknown CPU table {cpu_or_path!r}: shipped tables are "
+                     f"{', '.join(available_tables())}; or pass a JSON file path")
+  return json.loads(shipped.read_text())
+
+
+@functools.lru_cache(maxsize=16)
+def load_table(cpu_or_path: str) -> Table:
+  """Loads a shipped table by CPU name (`haswell`) or a JSON file by path."""
+  return from_json(load_json(cpu_or_path))

@@ -1,0 +1,1 @@
+"""The pure-functional pipeline simulator (llvm-mca's model class)."""

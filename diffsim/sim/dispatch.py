@@ -1,0 +1,79 @@
+"""Dispatch stage: in-order dispatch into the reorder buffer and schedulers.
+
+Up to the dispatch width of micro-ops per cycle, in program order; the first
+instruction that cannot go stops dispatch for the cycle (pipeline-model.md 4.4).
+An instruction with more micro-ops than the width takes whole cycles and carries the
+rest over. Dispatch takes ROB, scheduler, load/store-queue entries and physical
+registers, and links each register read to its producer: a read of an issued
+producer knows its ready cycle now, a read of an unissued one waits to be woken.
+Zero-latency instructions without resources whose operands are ready issue at once.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from diffsim.sim.facts import BIG, Facts
+from diffsim.sim.state import State
+
+
+def dispatch(state: State, facts: Facts, g) -> State:
+  """Dispatches this cycle's instructions. `g`: integer globals (see pipeline.py)."""
+  W = state.issue_t.shape[0]
+  t = state.t
+  width = g["dispatch_width"]
+  slots = jnp.where(state.carry > 0, jnp.maximum(0, width - state.carry), width)
+  carry = jnp.where(state.carry > 0, state.carry - (width - slots), state.carry)
+  state = state.replace(carry=carry)
+
+  def can_go(state, slots):
+    i = state.next
+    c = jnp.mod(i, facts.n)
+    uops = facts.uops[c]
+    need = jnp.minimum(uops, width)
+    ok = (i < state.total) & (slots > 0) & (need <= slots)
+    ok &= ~(facts.begin_group[c] & (slots != width))
+    ok &= g["rob_size"] - state.rob_used >= facts.rob_cost[c]
+    cap = g["prf_size"]
+    ok &= jnp.all((cap == 0) | (state.prf_used + facts.prf_cost[c] <= cap))
+    ok &= jnp.all(~facts.buffers[c] | (state.rs_used < g["buffer_size"]))
+    ok &= (g["load_queue"] == 0) | ~facts.may_load[c] | (state.lq_used < g["load_queue"])
+    ok &= (g["store_queue"] == 0) | ~facts.may_store[c] | (state.sq_used < g["store_queue"])
+    return ok
+
+  def one(carry):
+    state, slots, _ = carry
+    i = state.next
+    c = jnp.mod(i, facts.n)
+    uops = facts.uops[c]
+    wide = uops > width
+    slots = jnp.where(wide, 0, slots - uops)
+    slots = jnp.where(facts.end_group[c], 0, slots)
+    carry = jnp.where(wide, uops - width, state.carry)
+    # Link reads to producers still in flight (retired producers impose nothing).
+    p = i - facts.dep_off[c]
+    live = facts.dep_on[c] & (p >= state.head)
+    p_slot = jnp.mod(p, W)
+    issued = state.issue_t[p_slot] < BIG
+    operands = jnp.max(jnp.where(live & issued, state.issue_t[p_slot] + facts.dep_w[c], 0))
+    waits = live & ~issued
+    pend = jnp.sum(waits).astype(jnp.int32)
+    users = state.users.at[jnp.where(waits, p_slot, W)].add(1, mode="drop")
+    slot = jnp.mod(i, W)
+    now = facts.zero_latency[c] & (pend == 0) & (operands <= t)
+    state = state.replace(
+        next=i + 1, carry=carry,
+        rob_used=state.rob_used + facts.rob_cost[c],
+        rs_used=state.rs_used + facts.buffers[c].astype(jnp.int32),
+        lq_used=state.lq_used + facts.may_load[c].astype(jnp.int32),
+        sq_used=state.sq_used + facts.may_store[c].astype(jnp.int32),
+        prf_used=state.prf_used + facts.prf_cost[c],
+        issue_t=state.issue_t.at[slot].set(jnp.where(now, t, BIG)),
+        ready_t=state.ready_t.at[slot].set(jnp.maximum(operands, t + 1)),
+        pending=state.pending.at[slot].set(pend),
+        users=users.at[slot].set(0))
+    return state, slots, can_go(state, slots)
+
+  state, _, _ = lax.while_loop(lambda c: c[2], one, (state, slots, can_go(state, slots)))
+  return state

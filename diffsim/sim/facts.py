@@ -1,0 +1,138 @@
+"""Per-block facts: the parameter table gathered onto one block's instructions.
+
+Everything the cycle loop needs about static instruction c (c < L) is looked up once
+per block here, so the loop itself never indexes the K-row table. Dependency edges
+become dynamic-index offsets: the producer of edge (c, d) for dynamic instruction i
+is i - dep_off[c, d], and the consumer of use (c, e) is i + use_off[c, e].
+
+Hard mode rounds every parameter to an integer, as llvm-mca's tables are.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from diffsim.isa.encode import BlockBatch
+from diffsim.params.table import Layout, Params, Structure
+
+Q = 4  # kept groups per instruction (llvm-mca tables use at most 3)
+BIG = 1 << 28  # "never": a cycle no simulation reaches
+
+
+@struct.dataclass
+class Facts:
+  """One block's static facts. L instructions, D deps, C uses, U units, G groups."""
+
+  n: jax.Array  # [] int32: block length
+  uops: jax.Array  # [L] int32
+  rob_cost: jax.Array  # [L] int32: ROB entries taken, max(1, min(uops, ROB))
+  max_latency: jax.Array  # [L] int32: cycles from issue to executed
+  zero_latency: jax.Array  # [L] bool: latency 0 and no resource: issues at dispatch
+  dep_off: jax.Array  # [L, D] int32: dynamic distance back to the producer
+  dep_w: jax.Array  # [L, D] int32: producer's write latency minus read-advance, >= 0
+  dep_on: jax.Array  # [L, D] bool
+  use_off: jax.Array  # [L, C] int32: dynamic distance forward to the consumer
+  use_w: jax.Array  # [L, C] int32: the edge's weight, as dep_w
+  use_on: jax.Array  # [L, C] bool
+  unit_cycles: jax.Array  # [L, U] int32: cycles each unit is used directly
+  unit_mask: jax.Array  # [L] int32: bitmask of units used directly
+  grp: jax.Array  # [L, Q] int32: kept groups, in llvm-mca's allocation order
+  grp_cycles: jax.Array  # [L, Q] int32
+  grp_need: jax.Array  # [L, Q] int32: free members the group must have
+  grp_reserved: jax.Array  # [L, Q] bool: reserve the whole group instead of one unit
+  grp_on: jax.Array  # [L, Q] bool
+  blocked_by: jax.Array  # [L, G] bool: kept or touched groups; blocked while reserved
+  buffers: jax.Array  # [L, R] bool: scheduler buffers taken from dispatch to issue
+  may_load: jax.Array  # [L] bool
+  may_store: jax.Array  # [L] bool
+  prf_cost: jax.Array  # [L, F] int32: physical registers taken in each file
+  begin_group: jax.Array  # [L] bool
+  end_group: jax.Array  # [L] bool
+
+
+def group_order(layout: Layout):
+  """[G] rank of each group in llvm-mca's (bits in mask, mask) order."""
+  import numpy as np
+
+  pop = np.array([bin(m).count("1") for m in layout.group_members], np.int64)
+  return np.argsort(np.argsort(pop * 4096 + np.arange(len(pop)), kind="stable"), kind="stable")
+
+
+def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBatch) -> Facts:
+  """Facts for ONE block (vmap over blocks). All shapes follow the batch."""
+  r = lambda x: jnp.round(x).astype(jnp.int32)  # noqa: E731 (hard mode: integer tables)
+  op = blocks.opcode
+  n = blocks.length.astype(jnp.int32)
+  U = len(layout.units)
+  uops = r(params.uops[op])
+  rob = r(params.rob_size)
+  lat = r(params.latency[op])  # [L, E]
+  max_latency = jnp.max(lat, axis=-1)
+  cyc = r(params.res_cycles[op])  # [L, R]
+  unit_cycles = cyc[:, :U]
+  grp_cycles_all = cyc[:, U:]
+  any_res = jnp.any(cyc > 0, axis=-1)
+  zero_latency = (max_latency == 0) & ~any_res
+
+  # Edge weights: the producer's latency for that write minus the reader's advance.
+  ignore = structure.ignores_reads[op]  # [L]
+  src = blocks.dep_src
+  prod_lat = jnp.take_along_axis(r(params.latency[op[src]]), blocks.dep_role[..., None],
+                                 axis=-1)[..., 0]
+  adv = jnp.take_along_axis(r(params.read_advance[op]), blocks.dep_class, axis=-1)
+  dep_w = jnp.maximum(prod_lat - adv, 0)
+  c = jnp.arange(op.shape[0], dtype=jnp.int32)
+  dep_off = c[:, None] - src + blocks.dep_dist * n
+  dep_on = blocks.dep_valid & ~ignore[:, None]
+  dst = blocks.use_dst
+  use_w = dep_w[dst, blocks.use_edge]
+  use_off = dst - c[:, None] + blocks.use_dist * n
+  use_on = blocks.use_valid & ~ignore[dst]
+
+  bits = (1 << jnp.arange(U, dtype=jnp.int32))
+  unit_mask = jnp.sum(jnp.where(unit_cycles > 0, bits, 0), axis=-1).astype(jnp.int32)
+  rank = jnp.asarray(group_order(layout), jnp.int32)
+  order_key = jnp.where(grp_cycles_all > 0, rank[None, :], 1 << 20)
+  G = grp_cycles_all.shape[-1]
+  qn = min(Q, G)
+  grp = jnp.argsort(order_key, axis=-1)[:, :qn].astype(jnp.int32)
+  grp_cycles = jnp.take_along_axis(grp_cycles_all, grp, axis=-1)
+  grp_need = jnp.take_along_axis(structure.res_need[op][:, U:], grp, axis=-1)
+  grp_reserved = jnp.take_along_axis(structure.reserved[op][:, U:], grp, axis=-1)
+  grp_on = grp_cycles > 0
+  if qn < Q:  # tiny layouts: pad to Q columns
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, Q - qn)))  # noqa: E731
+    grp, grp_cycles, grp_need, grp_reserved, grp_on = map(
+        pad, (grp, grp_cycles, grp_need, grp_reserved, grp_on))
+  blocked_by = (structure.touched[op][:, U:] | (grp_cycles_all > 0))
+
+  kinds = blocks.write_kind  # [L, 8]
+  F = params.prf_size.shape[0]
+  if F:
+    file_of_kind = jnp.asarray(_file_of_kind(layout), jnp.int32)  # [num kinds] -> file
+    f = jnp.where(kinds >= 0, file_of_kind[jnp.maximum(kinds, 0)], -1)
+    prf_cost = jnp.sum(f[:, :, None] == jnp.arange(F)[None, None, :], axis=1).astype(jnp.int32)
+    prf_cost = jnp.where(structure.zero_idiom[op][:, None], 0, prf_cost)
+  else:
+    prf_cost = jnp.zeros((op.shape[0], 0), jnp.int32)
+  return Facts(
+      n=n, uops=uops, rob_cost=jnp.maximum(1, jnp.minimum(uops, rob)),
+      max_latency=max_latency, zero_latency=zero_latency,
+      dep_off=dep_off, dep_w=dep_w, dep_on=dep_on, use_off=use_off, use_w=use_w, use_on=use_on,
+      unit_cycles=unit_cycles, unit_mask=unit_mask, grp=grp, grp_cycles=grp_cycles,
+      grp_need=grp_need, grp_reserved=grp_reserved, grp_on=grp_on, blocked_by=blocked_by,
+      buffers=structure.buffers[op], may_load=structure.may_load[op],
+      may_store=structure.may_store[op], prf_cost=prf_cost,
+      begin_group=structure.begin_group[op], end_group=structure.end_group[op])
+
+
+def _file_of_kind(layout: Layout):
+  from diffsim.params.table import REG_KINDS
+
+  out = []
+  for kind in REG_KINDS:
+    f = [i for i, kinds in enumerate(layout.file_kinds) if kind in kinds]
+    out.append(f[0] if f else -1)
+  return out

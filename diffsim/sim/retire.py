@@ -1,0 +1,37 @@
+"""Retire stage: in-order retirement from the reorder-buffer head.
+
+At the start of cycle t, every instruction from the head whose executed cycle is
+before t retires, up to the retire width when the model has one (pipeline-model.md
+4.1). Retiring frees ROB entries, load/store-queue entries and physical registers,
+which dispatch can reuse in the same cycle.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from diffsim.sim.facts import Facts
+from diffsim.sim.state import State, inflight, slot_dyn
+
+
+def retire(state: State, facts: Facts, retire_width) -> State:
+  """Retires the executed prefix of the ROB."""
+  W = state.issue_t.shape[0]
+  dyn = slot_dyn(state)
+  pos = jnp.mod(jnp.arange(W, dtype=jnp.int32) - state.head, W)  # distance from the head
+  static = jnp.mod(dyn, facts.n)
+  executed = inflight(state) & (state.issue_t + facts.max_latency[static] < state.t)
+  # Length of the executed run that starts at the head: the first position that is
+  # not executed bounds it.
+  blocker = jnp.min(jnp.where(executed, W, pos))
+  count = jnp.where(retire_width > 0, jnp.minimum(blocker, retire_width), blocker)
+  gone = inflight(state) & (pos < count)
+  freed = lambda x: jnp.sum(jnp.where(gone, x, 0))  # noqa: E731
+  return state.replace(
+      head=state.head + count,
+      last_retire=jnp.where(count > 0, state.t, state.last_retire),
+      rob_used=state.rob_used - freed(facts.rob_cost[static]),
+      lq_used=state.lq_used - freed(facts.may_load[static].astype(jnp.int32)),
+      sq_used=state.sq_used - freed(facts.may_store[static].astype(jnp.int32)),
+      prf_used=state.prf_used - jnp.sum(
+          jnp.where(gone[:, None], facts.prf_cost[static], 0), axis=0))

@@ -1,0 +1,70 @@
+"""The simulator's carry: one block's machine state at the start of a cycle.
+
+In-flight instructions live in a ring of W slots: dynamic instruction i (i-th in
+program order over all iterations) sits in slot i % W from dispatch until it retires.
+At most ROB-size instructions are in flight, so W >= ROB size suffices. Slots of
+instructions not in flight hold stale values and are masked by `inflight`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from diffsim.sim.facts import BIG
+
+
+@struct.dataclass
+class State:
+  """W window slots, U units, G groups, R resources, F register files."""
+
+  t: jax.Array  # [] int32: current cycle
+  head: jax.Array  # [] int32: oldest dynamic instruction not retired
+  next: jax.Array  # [] int32: next dynamic instruction to dispatch
+  total: jax.Array  # [] int32: dynamic instructions to run (length x iterations)
+  last_retire: jax.Array  # [] int32: cycle of the latest retirement
+  carry: jax.Array  # [] int32: micro-ops of a wide instruction still dispatching
+  rob_used: jax.Array  # [] int32
+  rs_used: jax.Array  # [R] int32: scheduler entries held per buffered resource
+  lq_used: jax.Array  # [] int32
+  sq_used: jax.Array  # [] int32
+  prf_used: jax.Array  # [F] int32
+  busy_until: jax.Array  # [U] int32: first cycle each unit is free again
+  reserved_until: jax.Array  # [G] int32: first cycle each group is no longer reserved
+  seq: jax.Array  # [G] int32: round-robin: units still to pick before wrapping
+  skip: jax.Array  # [G] int32: round-robin: units taken out of turn
+  issue_t: jax.Array  # [W] int32: issue cycle, BIG until issued
+  ready_t: jax.Array  # [W] int32: cycle all register operands are ready (known ones)
+  pending: jax.Array  # [W] int32: producers not yet issued
+  users: jax.Array  # [W] int32: dispatched reads waiting on this instruction
+  overflow: jax.Array  # [] bool: ran past the cycle budget (result invalid)
+
+
+def init(total, num_units: int, group_members, num_resources: int, num_files: int,
+         window: int) -> State:
+  """The empty machine at cycle 0."""
+  z = jnp.zeros((), jnp.int32)
+  members = jnp.asarray(group_members, jnp.int32)
+  return State(
+      t=z, head=z, next=z, total=jnp.asarray(total, jnp.int32), last_retire=z, carry=z,
+      rob_used=z, rs_used=jnp.zeros(num_resources, jnp.int32), lq_used=z, sq_used=z,
+      prf_used=jnp.zeros(num_files, jnp.int32),
+      busy_until=jnp.zeros(num_units, jnp.int32),
+      reserved_until=jnp.zeros(members.shape[0], jnp.int32),
+      seq=members, skip=jnp.zeros_like(members),
+      issue_t=jnp.full(window, BIG, jnp.int32), ready_t=jnp.zeros(window, jnp.int32),
+      pending=jnp.zeros(window, jnp.int32), users=jnp.zeros(window, jnp.int32),
+      overflow=jnp.zeros((), bool))
+
+
+def slot_dyn(state: State) -> jax.Array:
+  """[W] int32: the dynamic index each slot holds (meaningful where in flight)."""
+  W = state.issue_t.shape[0]
+  s = jnp.arange(W, dtype=jnp.int32)
+  return state.head + jnp.mod(s - state.head, W)
+
+
+def inflight(state: State) -> jax.Array:
+  """[W] bool: the slot holds a dispatched, not yet retired instruction."""
+  return slot_dyn(state) < state.next
