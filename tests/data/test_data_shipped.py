@@ -1,0 +1,57 @@
+"""The shipped datasets load cleanly; the shared folder is found or skipped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from diffsim.data import SHIPPED, load_csv, shared_data_dir, shipped
+
+
+def test_shipped_files_load():
+  zen5 = load_csv(shipped("zen5-small.csv"))
+  assert len(zen5) == 3000 and zen5.errors == () and zen5.merged == 0
+  assert zen5.label == "cycles_per_100_iterations"
+  assert max(zen5.extra["spread"]) <= 0.05 and np.isfinite(zen5.y).all()
+  mca = load_csv(shipped("mca-small.csv"))
+  assert len(mca) == 2000 and mca.errors == () and mca.label == "haswell_100"
+  assert list(mca.extra) == ["haswell_200", "skylake_100", "skylake_200", "znver3_100",
+                             "znver3_200"]
+  assert set(SHIPPED) == {"zen5-small.csv", "mca-small.csv"}
+
+
+def test_shipped_folder_is_small_and_licensed():
+  folder = shipped("zen5-small.csv").parent
+  assert sum(p.stat().st_size for p in folder.iterdir()) < 1.5e6
+  assert "MIT" in shipped("BHIVE-LICENSE.txt").read_text()
+  with pytest.raises(FileNotFoundError, match="zen5-small.csv"):
+    shipped("nope.csv")
+
+
+def test_shared_dir_env_override(tmp_path, monkeypatch):
+  monkeypatch.setenv("DIFFSIM_SHARED", str(tmp_path))
+  assert shared_data_dir() == tmp_path.resolve()
+  monkeypatch.setenv("DIFFSIM_SHARED", str(tmp_path / "missing"))
+  assert shared_data_dir() is None
+
+
+def test_shipped_rows_come_from_shared_data():
+  shared = shared_data_dir()
+  if shared is None:
+    pytest.skip("shared data folder not present")
+  zen5 = load_csv(shipped("zen5-small.csv"))
+  full = load_csv(shared / "measured" / "zen5-measured.csv")
+  by_hex = dict(zip(full.hex, full.y))
+  assert all(by_hex[h] == y for h, y in zip(zen5.hex, zen5.y))
+
+
+@pytest.mark.slow
+def test_make_shipped_is_reproducible(tmp_path):
+  shared = shared_data_dir()
+  if shared is None:
+    pytest.skip("shared data folder not present")
+  from diffsim.data import make_shipped
+
+  assert make_shipped.main(["--shared", str(shared), "--out", str(tmp_path)]) == 0
+  for name in ("zen5-small.csv", "mca-small.csv", "BHIVE-LICENSE.txt"):
+    assert (tmp_path / name).read_bytes() == shipped(name).read_bytes()
