@@ -26,6 +26,7 @@ class Read:
   `role` names the operand stably across all instances of one opcode key, so that
   per-operand parameters (read-advance) can be keyed on it:
   `op0`, `op1`, ... explicit register operands in Intel operand order;
+  `mask`           the EVEX opmask register (`{%k1}`);
   `base`, `index`  address registers of the memory operand;
   `implicit`       an implicit register use (then `reg` tells which);
   `flags`          the EFLAGS read.
@@ -131,3 +132,7 @@ class DecodeError(ValueError):
     super().__init__(f"{reason}: {detail}" if detail else reason)
     self.reason = reason
     self.detail = detail
+
+  def __reduce__(self):
+    # Pickle by (reason, detail), not by the formatted message (multiprocessing).
+    return (type(self), (self.reason, self.detail))

@@ -1,0 +1,448 @@
+"""Hand-checked decoding facts for diffsim.isa.decode (needs llvm-mc 14 on PATH)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from diffsim.isa import (
+  FLAGS,
+  REASONS,
+  Block,
+  DecodeError,
+  block_from_json,
+  block_to_json,
+  decode_block,
+  decode_blocks,
+  parse_asm,
+  summarize,
+)
+from diffsim.isa import decode as decode_mod
+
+pytestmark = pytest.mark.skipif(shutil.which(decode_mod.LLVM_MC) is None,
+                                reason="llvm-mc (LLVM 14) not on PATH")
+
+# Real BHive blocks (MIT licence), chosen for variety: lock, stack, zero idioms, sbb,
+# VEX, x87, FS, partial writes, legacy SSE, div, cmov, address indexes.
+BHIVE = [
+    "4c8b6c24084c8b3424b8fffffffff0410fc144242483f801",
+    "b9ffffffff498d7d08f00fc10f",
+    "4b8d442401498945004883c4085b415c415d5d",
+    "4881c49001000031c05b5d415c415d415e415f",
+    "29476001c1894f5c31c0",
+    "4889431048896b1831c04c89632048c7432800000000",
+    "4519ff4183e7fa4183c753",
+    "3d00010000668944242819d2488344245804f7d283c210",
+    "c5fa108c242c010000c5f82ec1",
+    "c5f957c0c4c1792e0424",
+    "d9ee31dbdfe9",
+    "41db6d004883c3014d01f5db3c24",
+    "488b45f8644833042528000000",
+    "31c0488b4c24486448330c2528000000",
+    "4c8b04244c89f9b00184c0",
+    "0fae5c24108b44241089c28944244c80e69f39d089542420",
+    "660f3a0bc001",
+    "0f28f2f30f59c5f30f5cf10f28cef30f59ccf30f5ccdf30f5ccaf30f5cc1",
+    "4489f04183c6029941f7ff48984d8944c508453b742440",
+    "4889ce488b461831d2488b0e48f7f34d8d04d6498b384885ff",
+    "89c14429c139ca0f4eca89d64401c183c601894b18",
+    "440fb69d80656100443a9b80656100410f47d20f47c6",
+    "49f7d7498d742eff4923f74889df",
+    "014304488bbd50fcffff",
+    "01570c",
+]
+
+# Hand-written instructions, decoded once (one llvm-mc batch) for the whole module.
+HAND = {
+    "div_ecx": "f7f1", "div_eax": "f7f0", "mul_rcx": "48f7e1", "cqo": "4899",
+    "rep_movsq": "f348a5", "movb_al": "b001", "movl_eax": "b801000000",
+    "movw_ax": "66b80100", "mov_ah_al": "88e0", "addps": "0f58c1", "vaddps": "c5f058c1",
+    "vaddps_y": "c5f458c1", "xor32": "31c0", "xor32_rev": "33c0", "xor16": "6631c0",
+    "xor8_ah_al": "30e0", "xor32_diff": "31c8", "vpxor": "c5f1efc1", "pxor": "660fefc0",
+    "pcmpeqd": "660f76c9", "sbb": "19c0", "push_rbx": "53", "push_rsp": "54",
+    "pop_rbx": "5b", "call": "e800000000", "ret": "c3", "lock_cmpxchg": "f00fb10a",
+    "lea": "488d0424", "lea_idx": "488d04c8", "nopl": "0f1f4000", "nop66": "6690",
+    "add64rr": "4801d8", "add64rm": "480303", "add64mr": "480118", "add32ri8": "83c001",
+    "add32ri": "81c178563412",
+    "add32i32": "0578563412", "add32ri8_long": "0501000000", "rip": "488b0510000000", "fs": "64488b042528000000",
+    "cmov64": "480f45c1", "ud2": "0f0b", "cld": "fc", "faddp": "dec1",
+    "evex_mask": "62f17c4958c1",
+}
+
+
+@pytest.fixture(scope="module")
+def hand() -> dict[str, Block]:
+  res = decode_blocks(list(HAND.values()))
+  out = {}
+  for name, r in zip(HAND, res):
+    assert isinstance(r, Block), (name, r)
+    out[name] = r
+  return out
+
+
+def one(hand, name):
+  (i,) = hand[name].instrs
+  return i
+
+
+def rr(instr):
+  return [(r.reg, r.role) for r in instr.reads]
+
+
+def ww(instr):
+  return [(w.reg, w.role, w.merge) for w in instr.writes]
+
+
+# --- implicit operands -----------------------------------------------------------
+
+
+def test_div_implicit(hand):
+  i = one(hand, "div_ecx")
+  assert i.key == "DIV32r" and i.text == "divl %ecx" and i.mnemonic == "div"
+  assert rr(i) == [("RCX", "op0"), ("RAX", "implicit"), ("RDX", "implicit")]
+  assert ww(i) == [("RAX", "implicit", False), ("RDX", "implicit", False),
+                   (FLAGS, "flags", False)]
+
+
+def test_div_by_implicit_register_keeps_role_sequence(hand):
+  # The explicit source is RAX too, but the implicit RAX read is still listed.
+  assert [r.role for r in one(hand, "div_eax").reads] == [
+      r.role for r in one(hand, "div_ecx").reads]
+  assert rr(one(hand, "div_eax"))[:2] == [("RAX", "op0"), ("RAX", "implicit")]
+
+
+def test_mul_cqo(hand):
+  i = one(hand, "mul_rcx")
+  assert i.key == "MUL64r"
+  assert rr(i) == [("RCX", "op0"), ("RAX", "implicit")]
+  assert ww(i) == [("RAX", "implicit", False), ("RDX", "implicit", False),
+                   (FLAGS, "flags", False)]
+  i = one(hand, "cqo")
+  assert (i.key, i.text) == ("CQO", "cqto")
+  assert rr(i) == [("RAX", "implicit")] and ww(i) == [("RDX", "implicit", False)]
+
+
+def test_rep_movs(hand):
+  i = one(hand, "rep_movsq")
+  assert i.key == "MOVSQ" and i.text == "rep movsq (%rsi), %es:(%rdi)"
+  assert i.rep and i.loads and i.stores and not i.stack
+  assert rr(i) == [("RCX", "implicit"), ("RDI", "implicit"), ("RSI", "implicit")]
+  assert [w.reg for w in i.writes] == ["RCX", "RDI", "RSI"]
+  # DF is read, but DF is not part of LLVM's EFLAGS.
+  assert "df" in i.flags_read and FLAGS not in [r.reg for r in i.reads]
+
+
+def test_cld_and_x87_do_not_touch_eflags(hand):
+  i = one(hand, "cld")
+  assert i.flags_written == ("df",) and i.writes == ()
+  i = one(hand, "faddp")
+  assert rr(i) == [("ST1", "op0"), ("ST0", "op1")] and ww(i) == [("ST1", "op0", False)]
+
+
+# --- partial writes --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,key,reg,merge", [
+    ("movb_al", "MOV8ri", "RAX", True),
+    ("movl_eax", "MOV32ri", "RAX", False),
+    ("movw_ax", "MOV16ri", "RAX", True),
+    ("mov_ah_al", "MOV8rr", "RAX", True),
+    ("addps", "ADDPSrr", "ZMM0", True),
+    ("vaddps", "VADDPSrr", "ZMM0", False),
+    ("vaddps_y", "VADDPSYrr", "ZMM0", False),
+])
+def test_partial_writes(hand, name, key, reg, merge):
+  i = one(hand, name)
+  assert i.key == key
+  assert i.writes[0] == decode_mod._write(reg, "op0", merge)
+
+
+def test_vex_three_operand_roles(hand):
+  assert rr(one(hand, "vaddps")) == [("ZMM1", "op1"), ("ZMM1", "op2")]
+  assert rr(one(hand, "addps")) == [("ZMM0", "op0"), ("ZMM1", "op1")]
+
+
+def test_evex_mask(hand):
+  i = one(hand, "evex_mask")
+  assert i.key == "VADDPSZrrk"
+  assert rr(i) == [("ZMM0", "op0"), ("ZMM0", "op1"), ("ZMM1", "op2"), ("K1", "mask")]
+
+
+def test_cmov64_conditional_write_reads_destination(hand):
+  i = one(hand, "cmov64")
+  assert i.key == "CMOV64rr"
+  assert rr(i) == [("RAX", "op0"), ("RCX", "op1"), (FLAGS, "flags")]
+  assert ww(i) == [("RAX", "op0", False)]
+
+
+# --- idioms ----------------------------------------------------------------------
+
+
+def test_xor_zero_idiom(hand):
+  i = one(hand, "xor32")
+  assert (i.key, i.text) == ("XOR32rr@same", "xorl %eax, %eax")
+  assert i.zero_idiom and not i.dep_breaking and i.reads == ()
+  assert ww(i) == [("RAX", "op0", False), (FLAGS, "flags", False)]
+  assert i.opcode == "XOR32rr"
+
+
+def test_rev_encoding_keeps_its_disassembled_key(hand):
+  # 33 c0 disassembles to XOR32rr_REV (the key the parameter tables use); its text is
+  # the canonical `xorl %eax, %eax`, which assembles to 31 c0 = XOR32rr.
+  i = one(hand, "xor32_rev")
+  assert (i.key, i.text, i.hex) == ("XOR32rr_REV@same", "xorl %eax, %eax", "33c0")
+  assert i.zero_idiom and i.reads == ()
+  j = parse_asm(i.text).instrs[0]
+  assert (j.key, j.hex) == ("XOR32rr@same", "31c0")
+  assert (j.reads, j.writes) == (i.reads, i.writes)
+
+
+def test_other_zero_idioms(hand):
+  i = one(hand, "xor16")
+  assert i.key == "XOR16rr@same" and i.zero_idiom and i.reads == ()
+  assert i.writes[0].merge  # a 16-bit write keeps RAX[63:16]
+  i = one(hand, "vpxor")
+  assert i.key == "VPXORrr@same" and i.zero_idiom and i.reads == ()
+  assert ww(i) == [("ZMM0", "op0", False)]
+  i = one(hand, "pxor")
+  assert i.key == "PXORrr@same" and i.zero_idiom and i.reads == ()
+
+
+def test_not_same_register(hand):
+  assert one(hand, "xor32_diff").key == "XOR32rr"
+  # AH and AL are one full register but two sources.
+  i = one(hand, "xor8_ah_al")
+  assert i.key == "XOR8rr" and not i.zero_idiom
+  assert rr(i) == [("RAX", "op0"), ("RAX", "op1")]
+
+
+def test_dep_breaking(hand):
+  i = one(hand, "pcmpeqd")
+  assert i.key == "PCMPEQDrr@same" and i.dep_breaking and not i.zero_idiom
+  assert rr(i) == [("ZMM1", "op0"), ("ZMM1", "op1")]
+  i = one(hand, "sbb")
+  assert i.key == "SBB32rr@same" and i.dep_breaking
+  assert rr(i) == [("RAX", "op0"), ("RAX", "op1"), (FLAGS, "flags")]
+
+
+# --- stack, lock, memory ---------------------------------------------------------
+
+
+def test_push_pop_call_ret(hand):
+  i = one(hand, "push_rbx")
+  assert i.key == "PUSH64r" and i.stack and i.stores and not i.loads
+  assert rr(i) == [("RBX", "op0"), ("RSP", "implicit")]
+  assert ww(i) == [("RSP", "implicit", False)]
+  (m,) = i.mem
+  assert (m.base, m.disp, m.size, m.store) == ("RSP", -8, 8, True)
+  i = one(hand, "push_rsp")
+  assert rr(i) == [("RSP", "op0"), ("RSP", "implicit")]
+  assert ww(i) == [("RSP", "implicit", False)]
+  i = one(hand, "pop_rbx")
+  assert i.key == "POP64r" and i.stack and i.loads and not i.stores
+  assert rr(i) == [("RSP", "implicit")]
+  assert ww(i) == [("RBX", "op0", False), ("RSP", "implicit", False)]
+  i = one(hand, "call")
+  assert i.key == "CALL64pcrel32" and i.stack and i.stores
+  assert rr(i) == [("RSP", "implicit")] and ww(i) == [("RSP", "implicit", False)]
+  i = one(hand, "ret")
+  assert (i.key, i.text) == ("RET64", "retq") and i.stack and i.loads
+
+
+def test_lock_cmpxchg(hand):
+  i = one(hand, "lock_cmpxchg")
+  assert i.key == "CMPXCHG32rm" and i.text == "lock cmpxchgl %ecx, (%rdx)"
+  assert i.lock and i.loads and i.stores and not i.stack
+  assert rr(i) == [("RCX", "op1"), ("RDX", "base"), ("RAX", "implicit")]
+  assert ww(i) == [("RAX", "implicit", False), (FLAGS, "flags", False)]
+  (m,) = i.mem
+  assert (m.base, m.size, m.load, m.store) == ("RDX", 4, True, True)
+
+
+def test_lea_is_not_a_load(hand):
+  i = one(hand, "lea")
+  assert i.key == "LEA64r" and not i.loads and not i.stores and i.mem == ()
+  assert rr(i) == [("RSP", "base")]
+  assert rr(one(hand, "lea_idx")) == [("RAX", "base"), ("RCX", "index")]
+
+
+def test_nops(hand):
+  i = one(hand, "nopl")
+  assert i.key == "NOOPL" and i.reads == () and i.mem == () and not i.loads
+  i = one(hand, "nop66")  # iced would print `xchg %ax,%ax`
+  assert (i.key, i.text, i.writes) == ("NOOP", "nop", ())
+
+
+def test_rip_and_fs(hand):
+  i = one(hand, "rip")
+  assert i.text == "movq 16(%rip), %rax" and i.reads == ()
+  (m,) = i.mem
+  assert (m.base, m.disp, m.load) == ("RIP", 16, True)
+  i = one(hand, "fs")
+  (m,) = i.mem
+  assert (m.base, m.disp, m.segment) == (None, 40, "FS")
+
+
+def test_keys_distinguish_forms(hand):
+  names = ("add64rr", "add64rm", "add64mr", "add32ri8", "add32ri", "add32i32",
+           "add32ri8_long")
+  keys = {n: one(hand, n).key for n in names}
+  assert keys == {"add64rr": "ADD64rr", "add64rm": "ADD64rm", "add64mr": "ADD64mr",
+                  "add32ri8": "ADD32ri8", "add32ri": "ADD32ri", "add32i32": "ADD32i32",
+                  "add32ri8_long": "ADD32i32"}
+
+
+def test_ud2_inside_a_block():
+  b = decode_block("4801d80f0b4801d8")
+  assert [i.key for i in b.instrs] == ["ADD64rr", "TRAP", "ADD64rr"]
+
+
+# --- failures --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hex_,reason", [
+    ("", "empty"),
+    ("  ", "empty"),
+    ("4801d", "odd-length-hex"),
+    ("48zz", "bad-hex"),
+    ("06", "invalid-instruction"),  # push %es: invalid in 64-bit mode
+    ("ffff", "invalid-instruction"),
+    ("48", "truncated"),
+    ("4801d848", "truncated"),
+    ("0f18c0", "llvm-mc-invalid"),  # reserved NOP that LLVM 14 does not decode
+    ("63c4", "llvm-mc-asm"),  # llvm-mc prints `movslq %esp, %eax`, then rejects it
+])
+def test_bad_blocks(hex_, reason):
+  assert reason in REASONS
+  with pytest.raises(DecodeError) as e:
+    decode_block(hex_)
+  assert e.value.reason == reason
+
+
+def test_failure_detail_names_the_instruction():
+  with pytest.raises(DecodeError) as e:
+    decode_block("4801d8ffff")
+  assert e.value.detail.startswith("instruction 1 at byte 3")
+
+
+def test_bad_blocks_do_not_affect_neighbours():
+  hexes = ["4801d8", "06", "", "4801d", "4801d8ffff", "31c0", "48", "0f0b"]
+  res = decode_blocks(hexes)
+  assert [r.reason if isinstance(r, DecodeError) else r.instrs[0].key for r in res] == [
+      "ADD64rr", "invalid-instruction", "empty", "odd-length-hex", "invalid-instruction",
+      "XOR32rr@same", "truncated", "TRAP"]
+  s = summarize(res)
+  assert (s["blocks"], s["decoded"], s["failed"]) == (8, 3, 5)
+  assert s["by_reason"]["invalid-instruction"] == 2
+
+
+def test_prefix_lines_fold_into_the_instruction():
+  fold = decode_mod._fold_prefixes
+  assert fold([("lock", "LOCK_PREFIX"), ("addq %rcx, (%rax)", "ADD64mr")], "x") == (
+      "ADD64mr", "lock addq %rcx, (%rax)")
+  assert fold([("xacquire", "XACQUIRE_PREFIX"), ("lock", "LOCK_PREFIX"),
+               ("addq %rcx, (%rax)", "ADD64mr")], "x") == (
+                   "ADD64mr", "xacquire lock addq %rcx, (%rax)")
+  err = fold([("addl %eax, %esp", "ADD32rr"), ("nop", "NOOP")], "x")
+  assert isinstance(err, DecodeError) and err.reason == "llvm-mc-mismatch"
+  err = fold([("lock", "LOCK_PREFIX")], "x")
+  assert isinstance(err, DecodeError) and err.reason == "llvm-mc-mismatch"
+
+
+def test_xacquire_lock(hand):
+  b = decode_block("f2f00fb10a")
+  assert [(i.key, i.text, i.lock) for i in b.instrs] == [
+      ("CMPXCHG32rm", "xacquire lock cmpxchgl %ecx, (%rdx)", True)]
+
+
+def test_magic_separator_inside_a_block():
+  # The very instruction used as llvm-mc's separator must still decode.
+  sep = "48b8" + decode_mod._SEP_IMM.hex()
+  b = decode_block("4801d8" + sep + "4801d8")
+  assert [i.key for i in b.instrs] == ["ADD64rr", "MOV64ri", "ADD64rr"]
+
+
+# --- text, JSON ------------------------------------------------------------------
+
+
+def test_parse_asm_att_and_intel():
+  att = parse_asm("xorl %eax, %eax; addq (%rbx), %rax\nlock cmpxchgl %ecx, (%rdx)")
+  intel = parse_asm("xor eax, eax\nadd rax, qword ptr [rbx]  # comment\n"
+                    "lock cmpxchg dword ptr [rdx], ecx", syntax="intel")
+  assert [i.key for i in att.instrs] == ["XOR32rr@same", "ADD64rm", "CMPXCHG32rm"]
+  assert att == intel
+  assert att.hex == "31c0480303f00fb10a"
+
+
+def test_parse_asm_branches_and_errors():
+  b = parse_asm("cmpl $1, %eax\njne 5\nloop: decl %ecx\njne loop")
+  assert [i.key for i in b.instrs] == ["CMP32ri8", "JCC_1", "DEC32r", "JCC_1"]
+  with pytest.raises(DecodeError) as e:
+    parse_asm("addq %rbx, %rax\n  bogus %eax")
+  assert e.value.reason == "asm-error" and "line 2" in e.value.detail
+  with pytest.raises(DecodeError) as e:
+    parse_asm("# nothing\n")
+  assert e.value.reason == "empty"
+  with pytest.raises(ValueError):
+    parse_asm("nop", syntax="masm")
+
+
+def test_json_round_trip(hand):
+  blocks = list(hand.values()) + [b for b in decode_blocks(BHIVE)]
+  for b in blocks:
+    d = json.loads(json.dumps(block_to_json(b)))
+    assert block_from_json(d) == b
+
+
+def test_real_blocks_decode():
+  res = decode_blocks(BHIVE)
+  assert all(isinstance(r, Block) for r in res)
+  assert [r.hex for r in res] == BHIVE
+  for r in res:
+    assert "".join(i.hex for i in r.instrs) == r.hex
+
+
+def _canonical(key: str) -> str:
+  # The text of a `_REV` encoding assembles to the plain opcode and vice versa
+  # (VMOVAPSrr <-> VMOVAPSrr_REV): same instruction, other encoding.
+  return key.replace("_REV", "")
+
+
+@settings(max_examples=20, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(BHIVE))
+def test_text_round_trip(hex_):
+  b = decode_block(hex_)
+  c = parse_asm(b.text)
+  assert [(_canonical(i.key), i.text, i.reads, i.writes, i.mem, i.zero_idiom,
+           i.dep_breaking) for i in b.instrs] == [
+              (_canonical(i.key), i.text, i.reads, i.writes, i.mem, i.zero_idiom,
+               i.dep_breaking) for i in c.instrs]
+  assert parse_asm(c.text) == c  # canonical text and bytes are a fixed point
+
+
+# --- corpus (needs ../shared) ----------------------------------------------------
+
+
+def _corpus_path() -> Path:
+  env = os.environ.get("DIFFSIM_SHARED")
+  base = Path(env) if env else Path(__file__).resolve().parents[3] / "shared"
+  return (base / "data" if (base / "data").is_dir() else base) / "bhive" / "blocks.csv"
+
+
+@pytest.mark.slow
+def test_corpus_coverage():
+  path = _corpus_path()
+  if not path.is_file():
+    pytest.skip(f"{path} not found")
+  with path.open(newline="") as f:
+    hexes = [row["hex"] for row in csv.DictReader(f)]
+  s = summarize(decode_blocks(hexes))
+  assert s["decoded"] / s["blocks"] >= 0.995, s["by_reason"]
