@@ -1,0 +1,236 @@
+"""Tests of the llvm-mca parameter extraction (diffsim.params.extract and helpers).
+
+The shipped tables are checked against facts of pipeline-model.md (2, 3.1, 5.1, 7);
+a few keys are rebuilt with the real LLVM 14 tools (marked `mca`, skipped without
+them); rebuilding whole tables is `slow`.
+"""
+
+import json
+import os
+
+import pytest
+
+from diffsim.params import corpus_keys, extract, mctools
+from diffsim.params import resources as R
+
+TABLES = extract.TABLES
+HAVE_TOOLS = mctools.tools_available()
+needs_tools = pytest.mark.skipif(not HAVE_TOOLS, reason="LLVM 14 tools not on PATH")
+
+
+def _table(cpu):
+  with open(os.path.join(TABLES, f"{cpu}.json")) as f:
+    return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def haswell():
+  return _table("haswell")
+
+
+@pytest.fixture(scope="module")
+def znver3():
+  return _table("znver3")
+
+
+# ----------------------------------------------------------------------------------------
+# Shipped tables
+
+
+@pytest.mark.parametrize("cpu", extract.CPUS)
+def test_table_covers_corpus_keys(cpu):
+  t = _table(cpu)
+  assert t["format"] == "diffsim-params/1" and t["cpu"] == cpu
+  keys = corpus_keys.load()
+  missing = [k for k in keys if k not in t["opcodes"] and k not in t["unsupported"]]
+  assert not missing
+  for k, e in t["opcodes"].items():
+    assert isinstance(e["uops"], int) and isinstance(e["latency"], int), k
+    assert "UNVERIFIED" not in e.get("evidence", ""), k
+
+
+@pytest.mark.parametrize("cpu", extract.CPUS)
+def test_resource_lists_name_known_resources(cpu):
+  t = _table(cpu)
+  names = {r["name"] for r in t["resources"]}
+  units = [r["name"] for r in t["resources"] if "members" not in r]
+  for r in t["resources"]:
+    assert set(r.get("members", [])) <= set(units)
+  for k, e in t["opcodes"].items():
+    for name, cycles in e["resources"]:
+      assert name in names and cycles > 0, k
+
+
+def test_haswell_globals(haswell):
+  g = haswell["global"]
+  assert (g["dispatch_width"], g["rob_size"], g["retire_width"]) == (4, 192, 0)
+  assert (g["load_queue"], g["store_queue"], g["register_files"]) == (0, 0, [])
+  res = {r["name"]: r for r in haswell["resources"]}
+  assert res["HWPortAny"]["buffer"] == 60
+  assert res["HWPortAny"]["members"] == [f"HWPort{i}" for i in range(8)]
+  assert res["HWPort0156"]["members"] == ["HWPort0", "HWPort1", "HWPort5", "HWPort6"]
+  assert res["HWPort237"]["members"] == ["HWPort2", "HWPort3", "HWPort7"]
+  assert all(res[f"HWPort{i}"]["buffer"] == -1 for i in range(8))
+
+
+@pytest.mark.parametrize("key,uops,lat,res", [
+    ("DIV32r", 32, 98, [["HWPort0", 7], ["HWPort1", 7], ["HWPort5", 3], ["HWPort6", 3],
+                        ["HWPort01", 1], ["HWPort0156", 11]]),
+    ("ADD64rm", 2, 6, [["HWPort23", 1], ["HWPort0156", 1]]),
+    ("PUSH64r", 3, 2, [["HWPort4", 1], ["HWPort237", 1], ["HWPort0156", 1]]),
+    ("POP64r", 2, 6, [["HWPort23", 1], ["HWPort0156", 1]]),
+    ("VDIVSDrr_Int", 1, 20, [["HWFPDivider", 14], ["HWPort0", 1]]),
+])
+def test_haswell_pipeline_model_facts(haswell, key, uops, lat, res):
+  e = haswell["opcodes"][key]
+  assert (e["uops"], e["latency"]) == (uops, lat)
+  assert sorted(e["resources"]) == sorted(res)
+
+
+def test_haswell_read_advance_and_flags(haswell):
+  ops = haswell["opcodes"]
+  assert ops["ADD64rm"]["read_advance"] == {"op": 5}
+  assert ops["ADD64rm"]["may_load"] and not ops["ADD64rm"].get("may_store")
+  assert ops["VADDPSrm"]["read_advance"] == {"op": 6}
+  assert ops["VADDPSYrm"]["read_advance"] == {"op": 7}
+  assert "read_advance" not in ops["ADD64rr"]
+  assert ops["MFENCE"]["load_barrier"] and ops["MFENCE"]["store_barrier"]
+  assert ops["LFENCE"]["load_barrier"] and not ops["LFENCE"].get("store_barrier")
+  assert not any(e.get("begin_group") or e.get("end_group") for e in ops.values())
+
+
+def test_haswell_idioms(haswell):
+  ops = haswell["opcodes"]
+  xor = ops["XOR32rr@same"]
+  assert xor["zero_idiom"] and (xor["latency"], xor["resources"]) == (0, [])
+  assert ops["XOR32rr"]["latency"] == 1 and not ops["XOR32rr"].get("zero_idiom")
+  # pipeline-model.md 4.5: not idioms on Haswell.
+  for k in ("XOR8rr@same", "SBB32rr@same", "PCMPEQDrr@same", "CMP64rr@same"):
+    assert not ops[k].get("zero_idiom") and not ops[k].get("dep_breaking"), k
+  assert not any(e.get("move_elim") for e in ops.values())
+
+
+def test_haswell_condition_code_variants(haswell):
+  ops = haswell["opcodes"]
+  assert (ops["SETCCr"]["uops"], ops["SETCCr@a"]["uops"], ops["SETCCr@be"]["uops"]) == (1, 2, 2)
+  assert "SETCCr@e" not in ops
+
+
+def test_znver3_facts(znver3):
+  ops = znver3["opcodes"]
+  assert ops["IMUL64rr"]["resources"] == [["Zn3ALU1", 1]]
+  assert ops["IMUL64rr"]["latency"] == 3
+  g = znver3["global"]
+  assert (g["dispatch_width"], g["rob_size"], g["retire_width"]) == (6, 256, 8)
+  assert (g["load_queue"], g["store_queue"]) == (72, 64)
+  files = {f["name"]: f for f in g["register_files"]}
+  assert files["Zn3IntegerPRF"]["size"] == 192 and files["Zn3FpPRF"]["size"] == 160
+  assert ops["MOV64rr"]["move_elim"] and ops["VMOVAPSrr"]["move_elim"]
+  assert ops["XOR32rr@same"]["zero_idiom"]
+  assert ops["PCMPEQDrr@same"]["dep_breaking"] and not ops["PCMPEQDrr@same"].get("zero_idiom")
+  res = {r["name"]: r for r in znver3["resources"]}
+  assert res["Zn3Int"]["buffer"] == 96 and res["Zn3FP"]["buffer"] == 64
+  assert res["Zn3Load"]["units"] == 3 and res["Zn3Load"]["buffer"] == 72
+
+
+# ----------------------------------------------------------------------------------------
+# Pure helpers
+
+
+def test_compare_numeric():
+  assert R.compare_numeric("HWPort2", "HWPort10") < 0
+  assert R.compare_numeric("HWPort15", "HWPort015") < 0
+  assert R.compare_numeric("a", "a") == 0
+
+
+def _haswell_model():
+  units = {n: 1 for n in ["HWDivider", "HWFPDivider"] + [f"HWPort{i}" for i in range(8)]}
+  groups = {"HWPort01": {"HWPort0", "HWPort1"},
+            "HWPort0156": {"HWPort0", "HWPort1", "HWPort5", "HWPort6"}}
+  return R.Model(units, groups, {})
+
+
+def test_normalize_reserves_divl_groups():
+  # pipeline-model.md 3.1: divl reserves HWPort01 (1 cycle) and HWPort0156 (11 cycles).
+  m = _haswell_model()
+  written = [("HWPort0", 7), ("HWPort1", 7), ("HWPort5", 3), ("HWPort6", 3), ("HWPort01", 1),
+             ("HWPort0156", 11)]
+  n = R.normalize(m, R.expand(m, written))
+  assert sorted(n.kept) == sorted(written)
+  assert n.reserved == {"HWPort01", "HWPort0156"}
+  p = R.static_pressure(m, n.kept)
+  assert abs(p["HWPort0"] - 10.25) < 1e-9 and abs(p["HWPort5"] - 5.75) < 1e-9
+
+
+def test_exegesis_operand_spelling():
+  assert mctools.exegesis_operand("imm", -8, {}) == "i_0x-8"
+  assert mctools.exegesis_operand("imm", 12, {}) == "i_0xc"
+  assert mctools.exegesis_operand("reg", 0, {}) == "i_0x0"
+  assert mctools.exegesis_operand("reg", 22, {22: "EAX"}) == "EAX"
+
+
+def test_parse_show_inst():
+  out = ("\taddl\t%edx, 12(%rdi)                  # <MCInst #384 ADD32mr\n"
+         "                                        #  <MCOperand Reg:53>\n"
+         "                                        #  <MCOperand Imm:-12>>\n"
+         "\tud2                                     # <MCInst #3038 TRAP>\n")
+  a, b = mctools.parse_show_inst(out)
+  assert (a.opcode, a.operands) == ("ADD32mr", (("reg", 53), ("imm", -12)))
+  assert (b.opcode, b.operands) == ("TRAP", ())
+
+
+# ----------------------------------------------------------------------------------------
+# With the real tools
+
+
+_SUBSET = {
+    "DIV32r": "divl\t%ecx",
+    "ADD64rm": "addq\t(%rdi), %rbx",
+    "PUSH64r": "pushq\t%rax",
+    "POP64r": "popq\t%rbx",
+    "VDIVSDrr": "vdivsd\t%xmm1, %xmm2, %xmm3",
+    "XOR32rr@same": "xorl\t%eax, %eax",
+    "IMUL64rr": "imulq\t%rcx, %rdx",
+}
+
+
+def _subset_keys():
+  hexes = mctools.encode(list(_SUBSET.values()))
+  return {k: {"example": t, "count": 1, "hex": h} for (k, t), h in zip(_SUBSET.items(), hexes)}
+
+
+@pytest.mark.mca
+@needs_tools
+def test_build_table_haswell_subset():
+  t = extract.build_table("haswell", _subset_keys())
+  ops = t["opcodes"]
+  assert ops["DIV32r"]["resources"] == [["HWPort0", 7], ["HWPort1", 7], ["HWPort5", 3],
+                                       ["HWPort6", 3], ["HWPort01", 1], ["HWPort0156", 11]]
+  assert (ops["DIV32r"]["uops"], ops["DIV32r"]["latency"]) == (32, 98)
+  assert ops["ADD64rm"]["read_advance"] == {"op": 5}
+  assert (ops["VDIVSDrr"]["latency"], ops["VDIVSDrr"]["resources"]) == (
+      20, [["HWFPDivider", 14], ["HWPort0", 1]])
+  assert ops["XOR32rr@same"]["zero_idiom"]
+  assert (t["global"]["dispatch_width"], t["global"]["rob_size"]) == (4, 192)
+  res = {r["name"]: r for r in t["resources"]}
+  assert res["HWPortAny"]["buffer"] == 60
+
+
+@pytest.mark.mca
+@needs_tools
+def test_build_table_znver3_subset():
+  t = extract.build_table("znver3", _subset_keys(), probe=False)
+  assert t["opcodes"]["IMUL64rr"]["resources"] == [["Zn3ALU1", 1]]
+  assert t["opcodes"]["IMUL64rr"]["latency"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.mca
+@needs_tools
+@pytest.mark.parametrize("cpu", extract.CPUS)
+def test_rebuild_matches_shipped(cpu):
+  built = extract.build_table(cpu)
+  shipped = _table(cpu)
+  assert built["global"] == shipped["global"]
+  assert built["resources"] == shipped["resources"]
+  assert built["opcodes"] == shipped["opcodes"]
