@@ -17,6 +17,7 @@ instruction, C consumers per instruction.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -96,8 +97,8 @@ def _write_role(w) -> int:
 
 
 def _read_class(r) -> int:
-  if r.role.startswith("op"):
-    return READ_CLASSES.index("op")
+  if r.role in READ_CLASSES:
+    return READ_CLASSES.index(r.role)
   if r.role in ("base", "index"):
     return READ_CLASSES.index("addr")
   if r.role == "flags":
@@ -129,6 +130,26 @@ def dependencies(block: Block) -> list[list[tuple[int, int, int, int]]]:
           break
     deps.append(mine)
   return deps
+
+
+_CONDITION = re.compile(r"^(?:set|cmov)(?P<cc>[a-z]+)$")
+
+
+def table_key(ins, keys: Mapping[str, int]) -> str | None:
+  """The key a table knows this instruction by, most specific first.
+
+  Tables may refine a key by condition code (`SETCCr@a`: LLVM 14 folds the condition
+  into an operand, and Intel models cost `seta`/`setbe` differently) and may lack a
+  `@same` variant that a CPU does not special-case (then the plain opcode applies).
+  """
+  m = _CONDITION.match(ins.mnemonic)
+  if m and "@" not in ins.key and f"{ins.key}@{m.group('cc')}" in keys:
+    return f"{ins.key}@{m.group('cc')}"
+  if ins.key in keys:
+    return ins.key
+  if ins.opcode in keys:
+    return ins.opcode
+  return None
 
 
 def _bucket(n: int, buckets: Sequence[int]) -> int:
@@ -194,10 +215,11 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
     out["length"][b] = n
     nuse = [0] * n
     for c, ins in enumerate(blk.instrs):
-      if ins.key not in keys:
+      key = table_key(ins, keys)
+      if key is None:
         raise KeyError(f"block {b}: instruction {c} `{ins.text}` has opcode key {ins.key!r}, "
                        "which the parameter table does not know")
-      out["opcode"][b, c] = keys[ins.key]
+      out["opcode"][b, c] = keys[key]
       out["valid"][b, c] = True
       out["loads"][b, c] = ins.loads
       out["stores"][b, c] = ins.stores

@@ -33,8 +33,9 @@ from flax import struct
 # writes are keyed by register; everything else falls into "other".
 WRITE_ROLES = ("op0", "op1", "op2", "EFLAGS", "RSP", "RAX", "RDX", "RCX", "RSI", "RDI", "RBX",
                "other")
-# Read classes with their own read-advance column.
-READ_CLASSES = ("op", "flags", "implicit", "addr")
+# Read classes with their own read-advance column: explicit register sources by
+# operand index, then the EFLAGS read, other implicit reads and address registers.
+READ_CLASSES = ("op0", "op1", "op2", "op3", "op4", "flags", "implicit", "addr")
 # Register kinds that a register file can rename (`global.register_files[].classes`).
 REG_KINDS = ("gpr", "flags", "vec", "mmx", "mask", "x87", "other")
 
@@ -238,9 +239,12 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
     for role, value in op.get("write_latency", {}).items():
       role = "EFLAGS" if role in ("flags", "EFLAGS") else role
       lat[k, WRITE_ROLES.index(role if role in WRITE_ROLES else "other")] = value
-    for cls, value in op.get("read_advance", {}).items():
-      cls = "op" if cls.startswith("op") else cls
-      ra[k, READ_CLASSES.index(cls)] = value
+    advance = op.get("read_advance", {})
+    for cls, value in sorted(advance.items(), key=lambda kv: kv[0] != "op"):
+      # "op" sets every explicit source; "opN" then overrides one of them.
+      cols = [c for c in READ_CLASSES if c.startswith("op")] if cls == "op" else [cls]
+      for c in cols:
+        ra[k, READ_CLASSES.index(c if c in READ_CLASSES else "implicit")] = value
     kept, touch, expanded = normalise(
         [(n, float(c)) for n, c in op.get("resources", [])], members, order, set(group_names))
     for n, (c, nd, rs) in kept.items():

@@ -63,6 +63,7 @@ def group_order(layout: Layout):
 def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBatch) -> Facts:
   """Facts for ONE block (vmap over blocks). All shapes follow the batch."""
   r = lambda x: jnp.round(x).astype(jnp.int32)  # noqa: E731 (hard mode: integer tables)
+  params, structure = jax.tree.map(jnp.asarray, (params, structure))
   op = blocks.opcode
   n = blocks.length.astype(jnp.int32)
   U = len(layout.units)

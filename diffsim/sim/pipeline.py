@@ -13,6 +13,7 @@ from jax import lax
 
 from diffsim.sim import dispatch as dispatch_stage
 from diffsim.sim import issue as issue_stage
+from diffsim.sim import period
 from diffsim.sim import retire as retire_stage
 from diffsim.sim.facts import Facts
 from diffsim.sim.state import State, init
@@ -35,7 +36,8 @@ def step(state: State, facts: Facts, members, g) -> State:
   return state.replace(t=state.t + 1)
 
 
-def run_block(facts: Facts, params, members, iterations, *, window: int, max_cycles: int):
+def run_block(facts: Facts, params, members, iterations, *, window: int, max_cycles: int,
+              fast_forward: bool = True):
   """Total cycles for `iterations` iterations of one block (llvm-mca's Total Cycles).
 
   Returns:
@@ -47,9 +49,18 @@ def run_block(facts: Facts, params, members, iterations, *, window: int, max_cyc
   state = init(facts.n * iterations, U, members, params.buffer_size.shape[0],
                params.prf_size.shape[0], window)
 
-  def running(state):
+  def running(carry):
+    state, _ = carry
     return (state.head < state.total) & (state.t < max_cycles)
 
-  state = lax.while_loop(running, lambda s: step(s, facts, members, g), state)
+  def cycle(carry):
+    state, memory = carry
+    before = state.next
+    state = step(state, facts, members, g)
+    if fast_forward:
+      state, memory = period.fast_forward(state, memory, before, facts.n)
+    return state, memory
+
+  state, _ = lax.while_loop(running, cycle, (state, period.init_memory()))
   overflow = state.head < state.total
   return state.last_retire + 1, overflow

@@ -1,0 +1,220 @@
+"""Public entry points: simulate encoded batches, or decoded blocks end to end.
+
+`simulate` is the jit boundary: it is compiled once per (table layout, bucket
+shape) and vmapped over blocks; `simulate_sweep` adds a second vmap over a batch of
+parameter tables. Both shard the block axis over every local device with
+`shard_map`, so each device runs its own cycle loop without synchronising.
+`simulate_blocks` is the convenience layer used by the CLI: it buckets blocks by
+length, orders them by expected cost so that batches finish together, and reports a
+per-block error instead of failing the whole run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from diffsim.isa.encode import BUCKETS, BlockBatch, encode, table_key
+from diffsim.isa.ir import Block
+from diffsim.params.table import Layout, Params, Structure, Table
+from diffsim.sim.facts import gather
+from diffsim.sim.pipeline import run_block
+
+DEFAULT_MAX_CYCLES = 1 << 20
+
+
+def window_for(rob_size) -> int:
+  """Ring size for in-flight instructions: a power of two >= the ROB size."""
+  return max(8, 1 << int(math.ceil(math.log2(max(int(rob_size), 1)))))
+
+
+def _mesh() -> Mesh:
+  return Mesh(np.array(jax.local_devices()), ("blocks",))
+
+
+def _run_one(params, structure, layout, window, max_cycles, fast_forward, block, iterations):
+  facts = gather(params, structure, layout, block)
+  members = jnp.asarray(layout.group_members, jnp.int32)
+  return run_block(facts, params, members, iterations, window=window, max_cycles=max_cycles,
+                   fast_forward=fast_forward)
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles", "fast_forward"))
+def _simulate(params, structure, batch, iterations, *, layout, window, max_cycles,
+              fast_forward):
+  run = functools.partial(_run_one, params, structure, layout, window, max_cycles,
+                          fast_forward)
+  mesh = _mesh()
+  spec = PartitionSpec("blocks")
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec),
+                     out_specs=(spec, spec), check_vma=False)
+  def sharded(batch, iterations):
+    return jax.vmap(run)(batch, iterations)
+
+  return sharded(batch, iterations)
+
+
+def _pad_batch(batch: BlockBatch, iterations, multiple: int):
+  """Pads the block axis to a multiple of the device count (copies of block 0)."""
+  B = batch.opcode.shape[0]
+  extra = (-B) % multiple
+  if not extra:
+    return batch, iterations
+  pad = lambda x: np.concatenate([x, np.repeat(x[:1], extra, axis=0)])  # noqa: E731
+  return jax.tree.map(pad, batch), pad(iterations)
+
+
+def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100, *,
+             fast_forward: bool = True, max_cycles: int = DEFAULT_MAX_CYCLES):
+  """Total Cycles of each block, llvm-mca's convention, in hard (exact) mode.
+
+  Args:
+    table: the CPU table (`diffsim.params.load_table`).
+    batch: encoded blocks, [B, L] (`diffsim.isa.encode` with `table.layout.index`).
+    iterations: scalar or [B] int: how often each block is repeated.
+    fast_forward: jump over exactly repeating iterations (same result, faster).
+    max_cycles: static cycle budget; blocks that exceed it are flagged.
+
+  Returns:
+    (cycles [B] int32, overflow [B] bool) as numpy arrays.
+  """
+  B = batch.opcode.shape[0]
+  its = np.broadcast_to(np.asarray(iterations, np.int32), (B,)).copy()
+  n_dev = len(jax.local_devices())
+  batch_p, its_p = _pad_batch(jax.tree.map(np.asarray, batch), its, n_dev)
+  cycles, overflow = _simulate(
+      table.params, table.structure, batch_p, its_p, layout=table.layout,
+      window=window_for(np.asarray(table.params.rob_size)), max_cycles=max_cycles,
+      fast_forward=fast_forward)
+  return np.asarray(cycles)[:B], np.asarray(overflow)[:B]
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles"))
+def _sweep(params, structure, batch, iterations, *, layout, window, max_cycles):
+  run = lambda p, b, it: _run_one(p, structure, layout, window, max_cycles, True, b, it)  # noqa
+  over_blocks = jax.vmap(run, in_axes=(None, 0, 0))
+  return jax.vmap(over_blocks, in_axes=(0, None, None))(params, batch, iterations)
+
+
+def simulate_sweep(params: Params, structure: Structure, layout: Layout, batch: BlockBatch,
+                   iterations: int = 100, *, max_cycles: int = DEFAULT_MAX_CYCLES):
+  """Total Cycles of every (parameter set, block) pair: [P, B].
+
+  `params` has a leading axis P over parameter sets (all with the table's layout);
+  each set is simulated against every block.
+  """
+  B = batch.opcode.shape[0]
+  its = np.full(B, iterations, np.int32)
+  rob = int(np.max(np.asarray(params.rob_size)))
+  cycles, overflow = _sweep(params, structure, jax.tree.map(np.asarray, batch), its,
+                            layout=layout, window=window_for(rob), max_cycles=max_cycles)
+  return np.asarray(cycles), np.asarray(overflow)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+  """One block's result: cycles for 100 iterations, or why there is none."""
+
+  cycles: float | None
+  error: str | None = None
+
+
+def cost_estimate(table: Table, block: Block) -> float:
+  """A rough cycles-per-iteration guess, used only to group blocks of similar cost."""
+  idx = table.layout.index
+  ks = [idx[table_key(i, idx)] for i in block.instrs]
+  uops = float(np.sum(np.asarray(table.params.uops)[ks]))
+  lat = float(np.max(np.asarray(table.params.latency)[ks]))
+  return max(uops / float(table.params.dispatch_width), lat / 2.0, 0.25) * len(block.instrs)
+
+
+def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterations: int = 100,
+                    throughput: str = "total", batch_size: int = 256,
+                    progress: bool = False) -> list[Prediction]:
+  """Simulates decoded blocks; each result or error lands at its block's position.
+
+  Args:
+    table: the CPU table.
+    blocks: decoded blocks; an Exception in place of a block (a decode failure) is
+      passed through as that row's error.
+    iterations: N.
+    throughput: "total" (llvm-mca's Total Cycles for N iterations, scaled to 100) or
+      "steady" (100 * (cycles(2N) - cycles(N)) / N: BHive's steady-state definition).
+    batch_size: blocks per compiled call.
+
+  Returns:
+    One Prediction per input, in input order; cycles are per 100 iterations.
+  """
+  if throughput not in ("total", "steady"):
+    raise ValueError(f"throughput must be 'total' or 'steady', not {throughput!r}")
+  out: list[Prediction | None] = [None] * len(blocks)
+  idx = table.layout.index
+  supported = np.asarray(table.structure.supported)
+  runnable: dict[int, list[int]] = {}
+  for i, b in enumerate(blocks):
+    if isinstance(b, Exception):
+      out[i] = Prediction(None, f"decode: {b}")
+      continue
+    if not b.instrs:
+      out[i] = Prediction(None, "empty block")
+      continue
+    if len(b.instrs) > BUCKETS[-1]:
+      out[i] = Prediction(None, f"block has {len(b.instrs)} instructions; the largest "
+                                f"supported length is {BUCKETS[-1]}")
+      continue
+    bad = [(j, ins) for j, ins in enumerate(b.instrs)
+           if table_key(ins, idx) is None or not supported[idx[table_key(ins, idx)]]]
+    if bad:
+      j, ins = bad[0]
+      out[i] = Prediction(None, f"instruction {j} `{ins.text}`: opcode {ins.key} is not in "
+                                f"the {table.layout.cpu} table")
+      continue
+    L = next(x for x in BUCKETS if len(b.instrs) <= x)
+    runnable.setdefault(L, []).append(i)
+  jobs = []
+  for L, ids in sorted(runnable.items()):
+    ids.sort(key=lambda i: cost_estimate(table, blocks[i]))
+    for s in range(0, len(ids), batch_size):
+      jobs.append((L, ids[s:s + batch_size]))
+  bar = _progress(len(jobs), progress)
+  for L, ids in jobs:
+    batch = encode([blocks[i] for i in ids], idx, length=L)
+    if throughput == "total":
+      cyc, ovf = simulate(table, batch, iterations)
+      vals = cyc * (100.0 / iterations)
+    else:
+      both = jax.tree.map(lambda x: np.concatenate([x, x]), batch)
+      its = np.concatenate([np.full(len(ids), iterations), np.full(len(ids), 2 * iterations)])
+      cyc, ovf2 = simulate(table, both, its)
+      vals = 100.0 * (cyc[len(ids):] - cyc[:len(ids)]) / iterations
+      ovf = ovf2[:len(ids)] | ovf2[len(ids):]
+    for i, v, o in zip(ids, vals, ovf):
+      out[i] = (Prediction(None, "did not finish within the cycle budget") if o
+                else Prediction(float(v)))
+    bar.update(1)
+  bar.close()
+  return out  # type: ignore[return-value]
+
+
+def _progress(total: int, enabled: bool):
+  if enabled:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="batch", desc="simulate")
+
+  class _Null:
+    def update(self, n):
+      pass
+
+    def close(self):
+      pass
+
+  return _Null()
