@@ -96,6 +96,8 @@ class Layout:
   group_members: tuple[int, ...]  # [G] bitmask over units
   file_kinds: tuple[tuple[str, ...], ...]  # [F] register kinds each file renames
   unsupported: tuple[tuple[str, str], ...] = ()
+  max_direct_units: int = 4  # most units one opcode uses directly (sets a loop length)
+  max_kept_groups: int = 4  # most groups one opcode keeps after normalisation
 
   @property
   def num_resources(self) -> int:
@@ -106,7 +108,8 @@ class Layout:
     return {k: i for i, k in enumerate(self.keys)}
 
   def __hash__(self):
-    return hash((self.cpu, len(self.keys), self.units, self.groups, self.group_members))
+    return hash((self.cpu, len(self.keys), self.units, self.groups, self.group_members,
+                 self.max_direct_units, self.max_kept_groups))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +287,9 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
       cpu=doc.get("cpu", "custom"), keys=keys, units=tuple(units), groups=tuple(all_groups),
       group_members=tuple(members[gname] for gname in all_groups),
       file_kinds=tuple(_reg_kind(f.get("classes", ())) for f in files),
-      unsupported=tuple(sorted(unsupported.items())))
+      unsupported=tuple(sorted(unsupported.items())),
+      max_direct_units=max(1, int((cyc[:, :len(units)] > 0).sum(1).max(initial=0))),
+      max_kept_groups=max(1, int((cyc[:, len(units):] > 0).sum(1).max(initial=0))))
   return Table(params, structure, layout, source={"cpu": doc.get("cpu"),
                                                   "source": doc.get("source")})
 

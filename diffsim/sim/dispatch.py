@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from diffsim.sim.facts import BIG, Facts
-from diffsim.sim.state import State
+from diffsim.sim.state import LOAD, LOAD_BARRIER, STORE, STORE_BARRIER, State
 
 
 def dispatch(state: State, facts: Facts, g) -> State:
@@ -72,7 +72,13 @@ def dispatch(state: State, facts: Facts, g) -> State:
         issue_t=state.issue_t.at[slot].set(jnp.where(now, t, BIG)),
         ready_t=state.ready_t.at[slot].set(jnp.maximum(operands, t + 1)),
         pending=state.pending.at[slot].set(pend),
-        users=users.at[slot].set(0))
+        users=users.at[slot].set(0),
+        latency=state.latency.at[slot].set(facts.max_latency[c]),
+        flags=state.flags.at[slot].set(
+            LOAD * facts.may_load[c] + STORE * facts.may_store[c]
+            + LOAD_BARRIER * facts.load_barrier[c] + STORE_BARRIER * facts.store_barrier[c]),
+        rob_cost=state.rob_cost.at[slot].set(facts.rob_cost[c]),
+        prf_cost=state.prf_cost.at[slot].set(facts.prf_cost[c]))
     return state, slots, can_go(state, slots)
 
   state, _, _ = lax.while_loop(lambda c: c[2], one, (state, slots, can_go(state, slots)))

@@ -17,7 +17,6 @@ from flax import struct
 from diffsim.isa.encode import BlockBatch
 from diffsim.params.table import Layout, Params, Structure
 
-Q = 4  # kept groups per instruction (llvm-mca tables use at most 3)
 BIG = 1 << 28  # "never": a cycle no simulation reaches
 
 
@@ -38,6 +37,9 @@ class Facts:
   use_on: jax.Array  # [L, C] bool
   unit_cycles: jax.Array  # [L, U] int32: cycles each unit is used directly
   unit_mask: jax.Array  # [L] int32: bitmask of units used directly
+  dunit: jax.Array  # [L, DU] int32: the units used directly, in bit order
+  dunit_cycles: jax.Array  # [L, DU] int32
+  dunit_on: jax.Array  # [L, DU] bool
   grp: jax.Array  # [L, Q] int32: kept groups, in llvm-mca's allocation order
   grp_cycles: jax.Array  # [L, Q] int32
   grp_need: jax.Array  # [L, Q] int32: free members the group must have
@@ -47,6 +49,9 @@ class Facts:
   buffers: jax.Array  # [L, R] bool: scheduler buffers taken from dispatch to issue
   may_load: jax.Array  # [L] bool
   may_store: jax.Array  # [L] bool
+  load_barrier: jax.Array  # [L] bool: younger loads wait until it has executed
+  store_barrier: jax.Array  # [L] bool: younger stores wait until it has executed
+  zero_use: jax.Array  # [L] bool: some reader may issue in the same cycle as this one
   prf_cost: jax.Array  # [L, F] int32: physical registers taken in each file
   begin_group: jax.Array  # [L] bool
   end_group: jax.Array  # [L] bool
@@ -94,9 +99,14 @@ def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBa
 
   bits = (1 << jnp.arange(U, dtype=jnp.int32))
   unit_mask = jnp.sum(jnp.where(unit_cycles > 0, bits, 0), axis=-1).astype(jnp.int32)
+  DU = min(layout.max_direct_units, U)
+  dunit = jnp.argsort(jnp.where(unit_cycles > 0, jnp.arange(U), U + 1), axis=-1)[:, :DU]
+  dunit = dunit.astype(jnp.int32)
+  dunit_cycles = jnp.take_along_axis(unit_cycles, dunit, axis=-1)
   rank = jnp.asarray(group_order(layout), jnp.int32)
   order_key = jnp.where(grp_cycles_all > 0, rank[None, :], 1 << 20)
   G = grp_cycles_all.shape[-1]
+  Q = layout.max_kept_groups
   qn = min(Q, G)
   grp = jnp.argsort(order_key, axis=-1)[:, :qn].astype(jnp.int32)
   grp_cycles = jnp.take_along_axis(grp_cycles_all, grp, axis=-1)
@@ -122,10 +132,13 @@ def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBa
       n=n, uops=uops, rob_cost=jnp.maximum(1, jnp.minimum(uops, rob)),
       max_latency=max_latency, zero_latency=zero_latency,
       dep_off=dep_off, dep_w=dep_w, dep_on=dep_on, use_off=use_off, use_w=use_w, use_on=use_on,
-      unit_cycles=unit_cycles, unit_mask=unit_mask, grp=grp, grp_cycles=grp_cycles,
+      unit_cycles=unit_cycles, unit_mask=unit_mask, dunit=dunit, dunit_cycles=dunit_cycles,
+      dunit_on=dunit_cycles > 0, grp=grp, grp_cycles=grp_cycles,
       grp_need=grp_need, grp_reserved=grp_reserved, grp_on=grp_on, blocked_by=blocked_by,
       buffers=structure.buffers[op], may_load=structure.may_load[op],
-      may_store=structure.may_store[op], prf_cost=prf_cost,
+      may_store=structure.may_store[op], load_barrier=structure.load_barrier[op],
+      store_barrier=structure.store_barrier[op],
+      zero_use=jnp.any(use_on & (use_w == 0), axis=-1), prf_cost=prf_cost,
       begin_group=structure.begin_group[op], end_group=structure.end_group[op])
 
 

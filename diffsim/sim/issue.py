@@ -8,8 +8,19 @@ A group picks one free member unit round-robin from its highest unit down; every
 unit that becomes busy moves the round-robin state of every group containing it.
 Units and groups are bitmasks over units, so availability is a few integer ops.
 
-Memory ordering (llvm-mca's default -noalias=true): a store waits until every older
-load and store has issued; loads are never ordered.
+llvm-mca's loop ("issue the best available candidate, repeat") equals one pass over
+the candidates in priority order, because within a cycle resources only get taken:
+a candidate that cannot issue now cannot later in the same cycle. So the window is
+scanned once per cycle for the K best candidates, and a short loop over those K
+touches only the small resource state. Two things can add candidates within the
+cycle: a reader woken by a producer whose value it may read at once (latency not
+above its read-advance), and more than K ready candidates; a second round covers
+both.
+
+Memory ordering (llvm-mca's default -noalias=true, LSUnit): a store waits until every
+older load and store has issued; a load waits for the latest older load barrier to
+execute, a store for the latest older store barrier, and a load barrier for the
+older loads.
 """
 
 from __future__ import annotations
@@ -19,26 +30,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from diffsim.sim.facts import BIG, Facts
-from diffsim.sim.state import State, inflight, slot_dyn
+from diffsim.sim.state import LOAD, LOAD_BARRIER, STORE, STORE_BARRIER, State, inflight, slot_dyn
 
-
-def free_mask(state: State) -> jax.Array:
-  """[] int32: bitmask of units free at this cycle."""
-  U = state.busy_until.shape[0]
-  bits = 1 << jnp.arange(U, dtype=jnp.int32)
-  return jnp.sum(jnp.where(state.busy_until <= state.t, bits, 0)).astype(jnp.int32)
-
-
-def available(state: State, facts: Facts, members: jax.Array) -> jax.Array:
-  """[L] bool: each static instruction's resources could be taken now."""
-  free = free_mask(state)
-  ok = (facts.unit_mask & ~free) == 0
-  free_members = lax.population_count(free & members[facts.grp])  # [L, Q]
-  group_ok = ~facts.grp_on | facts.grp_reserved | (free_members >= facts.grp_need)
-  ok &= jnp.all(group_ok, axis=-1)
-  reserved_now = state.reserved_until > state.t  # [G]
-  ok &= ~jnp.any(facts.blocked_by & reserved_now[None, :], axis=-1)
-  return ok
+K = 4  # candidates considered per round
 
 
 def notify(seq, skip, members, unit_bit, on):
@@ -70,65 +64,146 @@ def choose(seq_g, skip_g, members_g, free):
   return unit, bit, seq_g, skip_g
 
 
-def allocate(state: State, facts: Facts, members: jax.Array, slot, c, dyn) -> State:
-  """Issues dynamic instruction `dyn` (static `c`, window `slot`) at this cycle."""
-  t = state.t
-  U = state.busy_until.shape[0]
-  busy, seq, skip = state.busy_until, state.seq, state.skip
-  ucyc = facts.unit_cycles[c]
-  busy = jnp.where(ucyc > 0, t + ucyc, busy)
-  for u in range(U):  # direct units, in bit order
-    seq, skip = notify(seq, skip, members, jnp.int32(1 << u), ucyc[u] > 0)
-  reserved_until = state.reserved_until
-  bits = 1 << jnp.arange(U, dtype=jnp.int32)
-  for q in range(facts.grp.shape[-1]):
-    g, cyc, on = facts.grp[c, q], facts.grp_cycles[c, q], facts.grp_on[c, q]
-    res = facts.grp_reserved[c, q]
-    reserved_until = reserved_until.at[g].set(
-        jnp.where(on & res, t + cyc, reserved_until[g]))
-    free = jnp.sum(jnp.where(busy <= t, bits, 0)).astype(jnp.int32)
-    unit, bit, seq_g, skip_g = choose(seq[g], skip[g], members[g], free)
-    pick = on & ~res
-    seq = seq.at[g].set(jnp.where(pick, seq_g, seq[g]))
-    skip = skip.at[g].set(jnp.where(pick, skip_g, skip[g]))
-    busy = busy.at[unit].set(jnp.where(pick, t + cyc, busy[unit]))
+def _free(busy, t):
+  bits = 1 << jnp.arange(busy.shape[0], dtype=jnp.int32)
+  return jnp.sum(jnp.where(busy <= t, bits, 0)).astype(jnp.int32)
+
+
+def _get(arr, i):
+  """arr[i] for a small vector and a traced index, as a fusible masked sum."""
+  return jnp.sum(jnp.where(jnp.arange(arr.shape[0]) == i, arr, 0)).astype(arr.dtype)
+
+
+def _set(arr, i, value, on):
+  """arr.at[i].set(value) where `on`, as a fusible select (no scatter)."""
+  return jnp.where((jnp.arange(arr.shape[0]) == i) & on, value, arr)
+
+
+def can_take(res, row, members, t) -> jax.Array:
+  """[] bool: the candidate's resources (`row`: its facts) are free in `res`."""
+  busy, reserved_until = res[0], res[3]
+  free = _free(busy, t)
+  ok = (row["unit_mask"] & ~free) == 0
+  grp_members = jnp.sum(jnp.where(jnp.arange(members.shape[0])[None, :] == row["grp"][:, None],
+                                  members[None, :], 0), axis=-1)
+  free_members = lax.population_count(free & grp_members)
+  ok &= jnp.all(~row["grp_on"] | row["grp_reserved"] | (free_members >= row["grp_need"]))
+  ok &= ~jnp.any(row["blocked_by"] & (reserved_until > t))
+  return ok
+
+
+def take(res, row, members, t, on):
+  """Allocates the candidate's resources (when `on`): direct units, then groups."""
+  busy, seq, skip, reserved_until = res
+  for j in range(row["dunit"].shape[0]):  # direct units, in bit order
+    u, use = row["dunit"][j], on & row["dunit_on"][j]
+    busy = _set(busy, u, t + row["dunit_cycles"][j], use)
+    seq, skip = notify(seq, skip, members, (1 << u).astype(jnp.int32), use)
+  for q in range(row["grp"].shape[0]):  # kept groups, in llvm-mca's order
+    g, cyc = row["grp"][q], row["grp_cycles"][q]
+    group_on = on & row["grp_on"][q]
+    reserve = row["grp_reserved"][q]
+    reserved_until = _set(reserved_until, g, t + cyc, group_on & reserve)
+    unit, bit, seq_g, skip_g = choose(_get(seq, g), _get(skip, g), _get(members, g),
+                                      _free(busy, t))
+    pick = group_on & ~reserve
+    seq = _set(seq, g, seq_g, pick)
+    skip = _set(skip, g, skip_g, pick)
+    busy = _set(busy, unit, t + cyc, pick)
     seq, skip = notify(seq, skip, members, bit, pick)
-  # Wake the dispatched readers of this instruction's writes.
+  return busy, seq, skip, reserved_until
+
+
+_ROW = ("unit_mask", "dunit", "dunit_cycles", "dunit_on", "grp", "grp_cycles", "grp_need",
+        "grp_reserved", "grp_on", "blocked_by")
+
+
+def _best(key, k):
+  """The k smallest keys' positions, by repeated argmin (cheaper than top_k on CPU)."""
+  top = jnp.iinfo(jnp.int32).max
+  slots, valid = [], []
+  for _ in range(k):
+    i = jnp.argmin(key).astype(jnp.int32)
+    slots.append(i)
+    valid.append(key[i] < top)
+    key = jnp.where(jnp.arange(key.shape[0]) == i, top, key)
+  return jnp.stack(slots), jnp.stack(valid)
+
+
+def _round(state: State, facts: Facts, members, tried):
+  """Scans the K best untried candidates once; returns the new state and flags."""
+  t = state.t
   W = state.issue_t.shape[0]
-  q_dyn = dyn + facts.use_off[c]
-  woke = facts.use_on[c] & (q_dyn < state.next)
-  q_slot = jnp.where(woke, jnp.mod(q_dyn, W), W)  # W: dropped
-  ready_t = state.ready_t.at[q_slot].max(t + facts.use_w[c], mode="drop")
+  dyn = slot_dyn(state)
+  live = inflight(state)
+  unissued = live & (state.issue_t >= BIG)
+  executed = live & (state.issue_t + state.latency <= t)
+  waiting = unissued & (state.pending == 0) & (state.ready_t <= t) & ~tried
+  has = lambda bit: (state.flags & bit) != 0  # noqa: E731
+  store = has(STORE)
+  load = has(LOAD) & ~store
+  # Barrier orderings wait on completions, which cannot change within the cycle.
+  oldest = lambda m: jnp.min(jnp.where(m, dyn, BIG))  # noqa: E731
+  lb_ok = oldest(live & ~executed & has(LOAD_BARRIER)) >= dyn
+  sb_ok = oldest(live & ~executed & has(STORE_BARRIER)) >= dyn
+  old_loads_ok = oldest(live & ~executed & has(LOAD)) >= dyn
+  mem_ok = jnp.where(store, sb_ok, jnp.where(load, lb_ok & (~has(LOAD_BARRIER) | old_loads_ok),
+                                             True))
+  cand = waiting & mem_ok
+  pos = dyn - state.head
+  key = jnp.where(cand, (pos - state.users + 8192) * 1024 + pos, jnp.iinfo(jnp.int32).max)
+  slots, valid = _best(key, K)
+  dyn_k = dyn[slots]
+  c_k = jnp.mod(dyn_k, facts.n)
+  store_k = store[slots]
+  mem_k = (facts.may_load[c_k] | facts.may_store[c_k])
+  is_mem = live & has(LOAD | STORE)
+  # A store needs every older memory operation issued: count those still unissued.
+  older = jnp.sum(unissued[None, :] & is_mem[None, :] & (dyn[None, :] < dyn_k[:, None]),
+                  axis=-1)
+
+  rows = {name: getattr(facts, name)[c_k] for name in _ROW}  # [K, ...] each
+  res = (state.busy_until, state.seq, state.skip, state.reserved_until)
+  issued = []
+  done_older = jnp.zeros(K, jnp.int32)
+  for k in range(K):
+    row = {name: v[k] for name, v in rows.items()}
+    ok = valid[k] & can_take(res, row, members, t)
+    ok &= ~store_k[k] | (older[k] == done_older[k])
+    res = take(res, row, members, t, ok)
+    issued.append(ok)
+    done_older = done_older + (ok & mem_k[k] & (dyn_k[k] < dyn_k)).astype(jnp.int32)
+  issued = jnp.stack(issued)
+  busy, seq, skip, reserved_until = res
+
+  # Write back: issue cycles, scheduler entries, and wake the dispatched readers.
+  slot_i = jnp.where(issued, slots, W)
+  issue_t = state.issue_t.at[slot_i].set(t, mode="drop")
+  rs_used = state.rs_used - jnp.sum(
+      jnp.where(issued[:, None], facts.buffers[c_k], False), axis=0).astype(jnp.int32)
+  q_dyn = dyn_k[:, None] + facts.use_off[c_k]  # [K, C]
+  woke = issued[:, None] & facts.use_on[c_k] & (q_dyn < state.next)
+  q_slot = jnp.where(woke, jnp.mod(q_dyn, W), W).reshape(-1)
+  ready_t = state.ready_t.at[q_slot].max((t + facts.use_w[c_k]).reshape(-1), mode="drop")
   pending = state.pending.at[q_slot].add(-1, mode="drop")
-  return state.replace(
-      busy_until=busy, seq=seq, skip=skip, reserved_until=reserved_until,
-      rs_used=state.rs_used - facts.buffers[c].astype(jnp.int32),
-      issue_t=state.issue_t.at[slot].set(t), ready_t=ready_t, pending=pending)
+  tried = tried | (jnp.zeros(W, bool).at[jnp.where(valid & ~store_k, slots, W)].set(
+      True, mode="drop"))
+  # Another round if a reader may issue now, a store may now pass, or K was too few.
+  more = jnp.any(issued & facts.zero_use[c_k]) | jnp.any(issued & mem_k) & jnp.any(
+      valid & store_k & ~issued) | (jnp.sum(cand) > K) & jnp.any(issued)
+  state = state.replace(busy_until=busy, seq=seq, skip=skip, reserved_until=reserved_until,
+                        issue_t=issue_t, rs_used=rs_used, ready_t=ready_t, pending=pending)
+  return state, tried, more
 
 
 def issue(state: State, facts: Facts, members: jax.Array) -> State:
   """The issue loop of one cycle."""
   W = state.issue_t.shape[0]
 
-  def one(carry):
-    state, _ = carry
-    dyn = slot_dyn(state)
-    static = jnp.mod(dyn, facts.n)
-    waiting = (inflight(state) & (state.issue_t >= BIG) & (state.pending == 0)
-               & (state.ready_t <= state.t))
-    is_mem = facts.may_load[static] | facts.may_store[static]
-    unissued_mem = inflight(state) & (state.issue_t >= BIG) & is_mem
-    oldest_mem = jnp.min(jnp.where(unissued_mem, dyn, BIG))
-    mem_ok = ~facts.may_store[static] | (oldest_mem >= dyn)
-    cand = waiting & mem_ok & available(state, facts, members)[static]
-    pos = dyn - state.head
-    key = jnp.where(cand, (pos - state.users + 8192) * 1024 + pos, jnp.iinfo(jnp.int32).max)
-    slot = jnp.argmin(key).astype(jnp.int32)
-    found = jnp.any(cand)
-    new = allocate(state, facts, members, slot, static[slot], dyn[slot])
-    state = jax.tree.map(lambda a, b: jnp.where(found, a, b), new, state)
-    return state, found
+  def body(carry):
+    state, tried, _ = carry
+    return _round(state, facts, members, tried)
 
-  state, _ = lax.while_loop(lambda c: c[1], one, (state, jnp.ones((), bool)))
-  del W
+  state, _, _ = lax.while_loop(lambda c: c[2], body,
+                               (state, jnp.zeros(W, bool), jnp.ones((), bool)))
   return state

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from diffsim.sim.facts import BIG
@@ -44,38 +43,44 @@ def init_memory() -> Memory:
                 jumped=jnp.zeros((), bool))
 
 
-def _weights(size: int, seed: int) -> np.ndarray:
-  rng = np.random.default_rng(seed)
-  return (rng.integers(1, 2**32, size=size, dtype=np.uint64) | 1).astype(np.uint32)
+def _mix(x):
+  """A 32-bit integer hash (murmur3's finaliser), elementwise."""
+  x = x.astype(jnp.uint32)
+  x = (x ^ (x >> 16)) * jnp.uint32(0x85EBCA6B)
+  x = (x ^ (x >> 13)) * jnp.uint32(0xC2B2AE35)
+  return x ^ (x >> 16)
 
 
 def fingerprint(state: State, phase) -> jax.Array:
-  """[2] uint32: hashes of the state relative to its cycle and dispatch position."""
+  """[2] uint32: hashes of the state relative to its cycle and dispatch position.
+
+  Window slots are weighted by their age position (computed, not gathered, so the
+  hash costs a few elementwise passes over the window).
+  """
   W = state.issue_t.shape[0]
   t = state.t
-  pos = jnp.arange(W, dtype=jnp.int32)
-  idx = jnp.mod(state.head + pos, W)  # window in age order, oldest first
+  pos = jnp.mod(jnp.arange(W, dtype=jnp.int32) - state.head, W)  # age order
   live = pos < state.next - state.head
-  issue_t = state.issue_t[idx]
-  issued = issue_t < BIG
-  rel_issue = jnp.where(issued, jnp.maximum(issue_t - t, PAST), BIG)
-  rel_ready = jnp.where(issued, 0, jnp.maximum(state.ready_t[idx] - t, 0))
-  window = jnp.stack([
-      jnp.where(live, rel_issue, 7), jnp.where(live, rel_ready, 7),
-      jnp.where(live & ~issued, state.pending[idx], 7),
-      jnp.where(live & ~issued, state.users[idx], 7)], axis=-1).reshape(-1)
+  issued = state.issue_t < BIG
+  fields = [
+      jnp.where(issued, jnp.maximum(state.issue_t - t, PAST), BIG),
+      jnp.where(issued, 0, jnp.maximum(state.ready_t - t, 0)),
+      jnp.where(issued, 0, state.pending),
+      jnp.where(issued, 0, state.users)]
   scalars = jnp.concatenate([
       jnp.stack([state.next - state.head, phase, state.carry, state.rob_used, state.lq_used,
                  state.sq_used]),
       state.rs_used, state.prf_used, jnp.maximum(state.busy_until - t, 0),
       jnp.maximum(state.reserved_until - t, 0), state.seq, state.skip]).astype(jnp.int32)
-  values = jnp.concatenate([window, scalars]).astype(jnp.uint32)
   hashes = []
-  for seed in (1, 2):
-    w = jnp.asarray(_weights(values.shape[0], seed))
-    h = jnp.sum(values * w, dtype=jnp.uint32)
-    h = h ^ (h >> 15)
-    hashes.append(h * jnp.uint32(2246822519))
+  for seed in (0x1234567, 0x2345678):
+    h = jnp.zeros((), jnp.uint32)
+    for f, value in enumerate(fields):
+      w = _mix(pos * 8 + f + seed) | jnp.uint32(1)
+      h += jnp.sum(jnp.where(live, value.astype(jnp.uint32) * w, 0), dtype=jnp.uint32)
+    w = _mix(jnp.arange(scalars.shape[0], dtype=jnp.int32) + seed * 3) | jnp.uint32(1)
+    h += jnp.sum(scalars.astype(jnp.uint32) * w, dtype=jnp.uint32)
+    hashes.append(_mix(h))
   return jnp.stack(hashes)
 
 
@@ -91,7 +96,9 @@ def shift(state: State, periods, dt, di) -> State:
       last_retire=state.last_retire + dcyc,
       busy_until=state.busy_until + dcyc, reserved_until=state.reserved_until + dcyc,
       issue_t=roll(later(state.issue_t)), ready_t=roll(state.ready_t + dcyc),
-      pending=roll(state.pending), users=roll(state.users))
+      pending=roll(state.pending), users=roll(state.users), latency=roll(state.latency),
+      flags=roll(state.flags), rob_cost=roll(state.rob_cost),
+      prf_cost=jnp.roll(state.prf_cost, jnp.mod(ddyn, W), axis=0))
 
 
 def fast_forward(state: State, memory: Memory, before_next, n):

@@ -11,16 +11,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diffsim.sim.facts import Facts
-from diffsim.sim.state import State, inflight, slot_dyn
+from diffsim.sim.state import LOAD, STORE, State, inflight, slot_dyn
 
 
 def retire(state: State, facts: Facts, retire_width) -> State:
   """Retires the executed prefix of the ROB."""
   W = state.issue_t.shape[0]
-  dyn = slot_dyn(state)
   pos = jnp.mod(jnp.arange(W, dtype=jnp.int32) - state.head, W)  # distance from the head
-  static = jnp.mod(dyn, facts.n)
-  executed = inflight(state) & (state.issue_t + facts.max_latency[static] < state.t)
+  del facts  # everything needed was copied into the window at dispatch
+  executed = inflight(state) & (state.issue_t + state.latency < state.t)
   # Length of the executed run that starts at the head: the first position that is
   # not executed bounds it.
   blocker = jnp.min(jnp.where(executed, W, pos))
@@ -30,8 +29,7 @@ def retire(state: State, facts: Facts, retire_width) -> State:
   return state.replace(
       head=state.head + count,
       last_retire=jnp.where(count > 0, state.t, state.last_retire),
-      rob_used=state.rob_used - freed(facts.rob_cost[static]),
-      lq_used=state.lq_used - freed(facts.may_load[static].astype(jnp.int32)),
-      sq_used=state.sq_used - freed(facts.may_store[static].astype(jnp.int32)),
-      prf_used=state.prf_used - jnp.sum(
-          jnp.where(gone[:, None], facts.prf_cost[static], 0), axis=0))
+      rob_used=state.rob_used - freed(state.rob_cost),
+      lq_used=state.lq_used - freed((state.flags & LOAD) != 0),
+      sq_used=state.sq_used - freed((state.flags & STORE) != 0),
+      prf_used=state.prf_used - jnp.sum(jnp.where(gone[:, None], state.prf_cost, 0), axis=0))

@@ -14,6 +14,9 @@ from flax import struct
 
 from diffsim.sim.facts import BIG
 
+# Bits of State.flags.
+LOAD, STORE, LOAD_BARRIER, STORE_BARRIER = 1, 2, 4, 8
+
 
 @struct.dataclass
 class State:
@@ -38,6 +41,11 @@ class State:
   ready_t: jax.Array  # [W] int32: cycle all register operands are ready (known ones)
   pending: jax.Array  # [W] int32: producers not yet issued
   users: jax.Array  # [W] int32: dispatched reads waiting on this instruction
+  latency: jax.Array  # [W] int32: the instruction's MaxLatency (copied at dispatch, so
+  #                     per-cycle code never gathers static facts onto the window)
+  flags: jax.Array  # [W] int32: MEM_* bits of the instruction
+  rob_cost: jax.Array  # [W] int32: ROB entries it holds
+  prf_cost: jax.Array  # [W, F] int32: physical registers it holds
   overflow: jax.Array  # [] bool: ran past the cycle budget (result invalid)
 
 
@@ -55,6 +63,9 @@ def init(total, num_units: int, group_members, num_resources: int, num_files: in
       seq=members, skip=jnp.zeros_like(members),
       issue_t=jnp.full(window, BIG, jnp.int32), ready_t=jnp.zeros(window, jnp.int32),
       pending=jnp.zeros(window, jnp.int32), users=jnp.zeros(window, jnp.int32),
+      latency=jnp.zeros(window, jnp.int32), flags=jnp.zeros(window, jnp.int32),
+      rob_cost=jnp.zeros(window, jnp.int32),
+      prf_cost=jnp.zeros((window, num_files), jnp.int32),
       overflow=jnp.zeros((), bool))
 
 
