@@ -10,10 +10,12 @@ from diffsim.isa.decode import (
   parse_asm,
   summarize,
 )
-from diffsim.isa.ir import FLAGS, Block, DecodeError, Instr, Mem, Read, Write
+from diffsim.isa.ir import FLAGS, FPCW, FPSW, Block, DecodeError, Instr, Mem, Read, Write
 
 __all__ = [
   "FLAGS",
+  "FPCW",
+  "FPSW",
   "REASONS",
   "Block",
   "DecodeError",

@@ -11,26 +11,43 @@ Two decoders are combined, each for what it does best:
   operands), RFLAGS bits, memory operands, prefixes, zero idioms.
 * llvm-mc (LLVM 14, the same LLVM as the reference llvm-mca) supplies the text and the
   key. Each distinct instruction is disassembled on its own by `llvm-mc --disassemble
-  -show-inst`: the key is the disassembled MCInst's opcode (what
-  `diffsim.params.corpus_keys` tables are keyed on), the text is its AT&T line (so
-  `66 90` is `nop`, not iced's `xchg %ax,%ax`). The text is then assembled again, as
-  llvm-mca will, and an instruction whose text llvm-mc cannot read back fails.
-
-  A non-canonical encoding keeps its own key: `33 c0` is XOR32rr_REV@same although its
-  text `xorl %eax, %eax` assembles to XOR32rr (the parameter tables resolve each key
-  through its text, so both get the class llvm-mca uses). Hence `parse_asm(text)`
-  gives the same keys as the bytes except for such encodings (`*_REV`, `ADD32i32`
-  versus `ADD32ri8`, `PUSH64i32` versus `PUSH64i8`; ~0.5% of BHive's distinct
-  instructions), and the same dataflow always.
+  -show-inst`, which gives its AT&T text (so `66 90` is `nop`, not iced's `xchg
+  %ax,%ax`). llvm-mca re-assembles that text, and its assembler picks canonical
+  encodings, so the text is assembled again with `llvm-mc -show-inst` and the key is
+  the opcode of *that* MCInst: `68 51 00 00 00` disassembles to PUSH64i32 but its text
+  `pushq $81` is PUSH64i8 to llvm-mca (another latency), `33 c0` (XOR32rr_REV) is
+  XOR32rr, `05 01 00 00 00` (ADD32i32) is ADD32ri8 (~0.5% of BHive's distinct
+  instructions). The disassembled opcode is kept as `Instr.encoding_opcode`. Hence
+  bytes and `parse_asm(text)` give the same keys and dataflow. An instruction whose
+  text llvm-mc cannot read back fails (`llvm-mc-asm`), and so does one whose text
+  becomes two MCInsts (`llvm-mc-prefix`: `xacquire` is an instruction of its own to
+  llvm-mca, `lock` and `rep` are not).
 
 Simplifications, chosen on purpose:
 
 * Registers are folded into their full architectural register (EAX, AX, AL, AH ->
   RAX; XMMn, YMMn -> ZMMn). `Write.merge` says whether the old value survives:
   8/16-bit GPR writes and legacy-SSE XMM writes merge, 32/64-bit GPR writes and
-  VEX/EVEX writes do not (iced reports the written register at that width).
-* A conditional write (COND_WRITE, as `cmovq`, `cmpxchg`'s RAX, `rep`'s RCX/RSI/RDI)
-  also reads the register, since the old value may survive.
+  VEX/EVEX writes do not (iced reports the written register at that width). `width`
+  keeps the bits accessed, from iced's register as used (`%ah`: 8; an implicit
+  32-bit GPR write, which iced reports as the 64-bit register it zero-extends: 64).
+* A conditional write (COND_WRITE) also reads the register, since the old value may
+  survive, as for `cmpxchg`'s RAX and `rep movs`'s RSI/RDI. An explicit operand is
+  read only when LLVM ties it to a source, which shows as one more register operand
+  in the MCInst than iced's operands account for: `cmovq` (CMOV64rr: dst, src1, src2)
+  and merge-masked AVX-512 destinations read it, `bsf`/`bsr` (BSR32rr: dst, src) do
+  not.
+* Zero idioms (`xor %eax,%eax`, which iced recognises) keep their source reads in the
+  IR: whether a CPU ignores them is its parameter table's business (XOR8rr@same is no
+  idiom on Haswell).
+* A `rep` prefix is no operand in LLVM: RCX is neither read nor written.
+* x87: LLVM's x87 instructions define no ST register (the stack is implicit), so no
+  x87 instruction waits on another through the stack and the IR lists no ST register.
+  LLVM models the status word `ir.FPSW` (written by every x87 instruction and `wait`,
+  read by `fnstsw`, `fnstenv`, `fnsave`, `fxsave`) and the control word `ir.FPCW`
+  (written by `fldcw`, `fninit`, `fldenv`, `fnstenv`, `fxrstor`; read by whatever
+  rounds or converts); `fcmov` does not read EFLAGS there. These facts were measured
+  with llvm-mca timelines (`test_x87_state_matches_llvm_mca` checks them).
 * RFLAGS is one pseudo-register (`ir.FLAGS`) built from the six status flags (OF SF
   ZF AF CF PF) only: LLVM models DF separately from EFLAGS, and the x87 condition
   codes live in the FPU status word, so `cld`, `movs` or `fadd` do not touch
@@ -44,16 +61,16 @@ Simplifications, chosen on purpose:
   subtracting the explicit ones from iced's register list, counting multiplicity,
   so `div %eax` still has its implicit RAX read and `push %rsp` its implicit RSP
   read and write. So every instance of a key lists the same roles, except that an
-  absent base or index register has no read, a `rep` prefix adds RCX, and iced
-  knows that a shift or rotate by an immediate 0 leaves the flags alone.
+  absent base or index register has no read, and iced knows that a shift or rotate
+  by an immediate 0 leaves the flags alone.
 * `rep` is set only for string instructions (`rep ret`, `pause` are not repeats).
 * Relative branch targets are printed by llvm-mc as offsets (`jne 5`); they carry no
   dataflow and llvm-mca ignores them.
 
 Speed: instructions repeat a lot across a corpus (BHive: ~808k instructions, ~135k
-distinct), so every distinct instruction is decoded once and cached by its bytes.
-llvm-mc runs in two concurrent chunks (one per core) while the Python side computes
-iced facts.
+distinct), so every distinct instruction is decoded once and cached by its bytes
+(and its re-assembly by its text). llvm-mc runs in two concurrent chunks (one per
+core) while the Python side computes iced facts.
 """
 
 from __future__ import annotations
@@ -65,11 +82,12 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import iced_x86 as ix
 
 from diffsim.isa import idioms
-from diffsim.isa.ir import FLAGS, Block, DecodeError, Instr, Mem, Read, Write
+from diffsim.isa.ir import FLAGS, FPCW, FPSW, Block, DecodeError, Instr, Mem, Read, Write
 
 __all__ = [
     "REASONS",
@@ -95,6 +113,8 @@ REASONS = {
     "llvm-mc-invalid": "llvm-mc cannot disassemble an instruction iced-x86 decodes",
     "llvm-mc-mismatch": "llvm-mc splits an instruction's bytes differently from iced-x86",
     "llvm-mc-asm": "llvm-mc cannot re-assemble its own disassembly (llvm-mca would reject it)",
+    "llvm-mc-prefix": ("llvm-mc re-assembles the text as a prefix instruction plus the "
+                       "instruction (xacquire, rex64): llvm-mca would simulate two"),
     "asm-error": "parse_asm: llvm-mc rejects a line of the assembly text",
 }
 
@@ -135,8 +155,9 @@ _STATUS_FLAGS = (
     | ix.RflagsBits.PF
 )
 
-# Access kind -> (reads, writes). A conditional write also reads: the old value may
-# survive.
+# Access kind -> (reads, writes). A conditional write also reads (the old value may
+# survive), except an explicit operand that LLVM does not tie to a source (see
+# `_RegFacts.cond_roles`).
 _RW = {
     _A.NONE: (False, False), _A.NO_MEM_ACCESS: (False, False),
     _A.READ: (True, False), _A.COND_READ: (True, False),
@@ -155,24 +176,53 @@ _CODE_INVALID = ix.Code.INVALID
 _NONE = _R.NONE
 _FS_GS = {_R.FS: "FS", _R.GS: "GS"}
 _OP_ROLES = tuple(f"op{i}" for i in range(8))
+# Bits accessed per iced register (AH: 8, XMM0: 128, ST0: 80).
+_WIDTH = {r: 8 * ix.RegisterExt.size(r) for r in _REG_NAME}
+_FLAGS_WIDTH = 32  # EFLAGS
+_X87_WORD_WIDTH = 16  # FPSW, FPCW
 
-# Interned IR atoms: the same (reg, role) pair recurs hundreds of thousands of times.
-_read_pool: dict[tuple[str, str], Read] = {}
-_write_pool: dict[tuple[str, str, bool], Write] = {}
+# x87 dataflow as LLVM 14 defines it (measured with llvm-mca timelines; the check
+# is `tests/isa/test_decode.py::test_x87_state_matches_llvm_mca`). No x87 instruction
+# defines an ST register in LLVM's MC layer (the stack is implicit), so nothing ever
+# waits on one: the IR lists no ST reads or writes. What LLVM does model is the status
+# word FPSW, written by every x87 instruction and read by the instructions that store
+# it, and the control word FPCW, written by the instructions that load it and read by
+# everything that rounds. `fcmov` does not read EFLAGS in LLVM 14.
+_X87_FEATURES = {getattr(ix.CpuidFeature, n) for n in (
+    "FPU", "FPU287", "FPU287XL_ONLY", "FPU387", "FPU387SL_ONLY", "CYRIX_FPU")}
+_X87_BY_CODE: dict[int, bool] = {}  # iced Code -> x87 (memo of the test below)
+# Instructions outside those CPUID features that touch the x87 state words.
+_X87_OTHER = {"wait", "fxsave", "fxsave64", "fxrstor", "fxrstor64"}
+_X87_READS_FPSW = {"fnstsw", "fstsw", "fnstenv", "fstenv", "fnsave", "fsave", "fxsave",
+                   "fxsave64"}
+_X87_KEEPS_FPSW = {"fxsave", "fxsave64"}
+_X87_WRITES_FPCW = {"fldcw", "fninit", "finit", "fldenv", "fnstenv", "fstenv", "fxrstor",
+                    "fxrstor64"}
+_X87_IGNORES_FPCW = {"fabs", "fchs", "fxam", "ffree", "ffreep", "fincstp", "fdecstp",
+                     "fnop", "fninit", "finit", "fnclex", "fclex", "fldcw", "fldenv",
+                     "fnstsw", "fstsw",
+                     "frstor", "wait", "fxrstor", "fxrstor64", "fcmovb", "fcmove",
+                     "fcmovbe", "fcmovu", "fcmovnb", "fcmovne", "fcmovnbe", "fcmovnu"}
+_X87_NO_EFLAGS_READ = {"fcmovb", "fcmove", "fcmovbe", "fcmovu", "fcmovnb", "fcmovne",
+                       "fcmovnbe", "fcmovnu"}
+
+# Interned IR atoms: the same (reg, role, width) recurs hundreds of thousands of times.
+_read_pool: dict[tuple[str, str, int], Read] = {}
+_write_pool: dict[tuple[str, str, bool, int], Write] = {}
 _flag_pool: dict[int, tuple[str, ...]] = {}
 
 
-def _read(reg: str, role: str) -> Read:
-  r = _read_pool.get((reg, role))
+def _read(reg: str, role: str, width: int = 0) -> Read:
+  r = _read_pool.get((reg, role, width))
   if r is None:
-    r = _read_pool[(reg, role)] = Read(reg, role)
+    r = _read_pool[(reg, role, width)] = Read(reg, role, width)
   return r
 
 
-def _write(reg: str, role: str, merge: bool) -> Write:
-  w = _write_pool.get((reg, role, merge))
+def _write(reg: str, role: str, merge: bool, width: int = 0) -> Write:
+  w = _write_pool.get((reg, role, merge, width))
   if w is None:
-    w = _write_pool[(reg, role, merge)] = Write(reg, role, merge)
+    w = _write_pool[(reg, role, merge, width)] = Write(reg, role, merge, width)
   return w
 
 
@@ -184,56 +234,112 @@ def _flag_names(bits: int) -> tuple[str, ...]:
 
 
 _FACTORY = ix.InstructionInfoFactory()
+class _RegFacts(NamedTuple):
+  """iced's register-level facts about one instruction (see `_register_facts`).
+
+  Attributes:
+    mnemonic, reads, writes, flags_read, flags_written, stack, lock, rep: as in Instr.
+    cond_roles: roles of explicit conditionally written operands that `reads` lists
+      as read (`cmovne %rcx,%rax`, `bsr %ecx,%eax`): the read stays only if LLVM ties
+      the destination to a source, which shows as an extra register operand of the
+      MCInst (more than `operand_regs`).
+    operand_regs: the register operands an MCInst of this instruction has when nothing
+      is tied: explicit registers, the opmask, and three per memory operand (base,
+      index, segment).
+    idiom_reads: when iced ignores explicit sources (it knows `xor %eax,%eax` is a
+      zero idiom), the reads the instruction has with distinct sources; else None.
+  """
+
+  mnemonic: str
+  reads: tuple[Read, ...]
+  writes: tuple[Write, ...]
+  flags_read: tuple[str, ...]
+  flags_written: tuple[str, ...]
+  stack: bool
+  lock: bool
+  rep: bool
+  cond_roles: tuple[str, ...]
+  operand_regs: int
+  idiom_reads: tuple[Read, ...] | None = None
+
+
 # Register-level facts by instruction bytes with the displacement zeroed: they do not
 # depend on it (it only moves the memory operand), and it halves the distinct
 # instructions of a corpus.
-_SHAPES: dict[bytes, tuple] = {}
+_SHAPES: dict[bytes, _RegFacts] = {}
 
 
-def _register_facts(ins, info) -> tuple:
-  """(mnemonic, reads, writes, explicit_reads, sources, flags_read, flags_written,
-  stack, lock, rep) of one iced instruction; see the module docstring for the rules."""
-  # What iced says is read and written, per full register, with multiplicity; the
-  # explicit and address operands are subtracted below, and the rest is implicit.
+def _register_facts(ins, info, idioms_too: bool = True) -> _RegFacts:
+  """iced's register facts of one instruction; see the module docstring for the rules.
+
+  `idioms_too`: also work out `idiom_reads` (off for the copy that does so).
+  """
+  mnemonic = _MNEMONIC[ins.mnemonic]
+  rep = ins.is_string_instruction and (ins.has_rep_prefix or ins.has_repne_prefix)
+  x87 = _X87_BY_CODE.get(ins.code)
+  if x87 is None:
+    x87 = _X87_BY_CODE[ins.code] = (
+        mnemonic in _X87_OTHER or not _X87_FEATURES.isdisjoint(ins.cpuid_features()))
+  # What iced says is read and written, per full register, with multiplicity and
+  # the widest access; the explicit and address operands are subtracted below, and
+  # the rest is implicit.
   r_left: dict[str, int] = {}
   w_left: dict[str, int] = {}
+  r_width: dict[str, int] = {}
+  w_width: dict[str, int] = {}
   full_width: dict[str, bool] = {}  # full reg -> some write replaces all of it
   for u in info.used_registers():
     reg = u.register
     full = _FULL[reg]
     if full is None:
       continue
+    if rep and full == "RCX":
+      # A rep prefix is no operand in LLVM: llvm-mca neither reads nor writes RCX.
+      continue
     r, w = _RW[u.access]
     if r:
       r_left[full] = r_left.get(full, 0) + 1
+      r_width[full] = max(r_width.get(full, 0), _WIDTH[reg])
     if w:
       w_left[full] = w_left.get(full, 0) + 1
+      w_width[full] = max(w_width.get(full, 0), _WIDTH[reg])
       full_width[full] = full_width.get(full, False) or not _IS_SUB[reg]
 
   reads: list[Read] = []
   writes: list[Write] = []
+  cond_roles: list[str] = []
+  n_mem = n_regs = 0
   has_mem = False
+  ignored: list[int] = []  # explicit register operands iced says are not accessed
   n = ins.op_count
   for i in range(n):
     kind = ins.op_kind(i)
     if kind == _OPK_REGISTER:
-      full = _FULL[ins.op_register(i)]
+      n_regs += 1
+      reg = ins.op_register(i)
+      full = _FULL[reg]
       if full is None:
         continue
-      r, w = _RW[info.op_access(i)]
+      access = info.op_access(i)
+      if access == _A.NONE:
+        ignored.append(i)
+      r, w = _RW[access]
       if r:
-        reads.append(_read(full, _OP_ROLES[i]))
+        reads.append(_read(full, _OP_ROLES[i], _WIDTH[reg]))
         r_left[full] = r_left.get(full, 0) - 1
+        if access == _A.COND_WRITE:
+          cond_roles.append(_OP_ROLES[i])
       if w:
         # Merge unless iced reports some write at the full register's width.
-        writes.append(_write(full, _OP_ROLES[i], not full_width.get(full, True)))
+        writes.append(_write(full, _OP_ROLES[i], not full_width.get(full, True), _WIDTH[reg]))
         w_left[full] = w_left.get(full, 0) - 1
-    elif kind == _OPK_MEMORY and info.op_access(i) != _A.NONE:
-      has_mem = True
-  explicit_reads = len(reads)
+    elif kind == _OPK_MEMORY:
+      n_mem += 1
+      has_mem = has_mem or info.op_access(i) != _A.NONE
   if ins.op_mask != _NONE:
+    n_regs += 1
     full = _FULL[ins.op_mask]
-    reads.append(_read(full, "mask"))
+    reads.append(_read(full, "mask", _WIDTH[ins.op_mask]))
     r_left[full] = r_left.get(full, 0) - 1
   # Address registers: also for `lea` (its access is NO_MEM_ACCESS), not for `nopl
   # (%rax)` (iced marks that operand unused and lists no register for it).
@@ -241,29 +347,66 @@ def _register_facts(ins, info) -> tuple:
     for reg, role in ((ins.memory_base, "base"), (ins.memory_index, "index")):
       full = _FULL[reg]
       if full is not None and r_left.get(full, 0) > 0:
-        reads.append(_read(full, role))
+        reads.append(_read(full, role, _WIDTH[reg]))
         r_left[full] -= 1
-  for full in sorted(r for r, c in r_left.items() if c > 0):
-    reads.append(_read(full, "implicit"))
-  for full in sorted(r for r, c in w_left.items() if c > 0):
-    writes.append(_write(full, "implicit", not full_width[full]))
+  implicit_r = {r: r_width[r] for r, c in r_left.items() if c > 0}
+  implicit_w = {r: w_width[r] for r, c in w_left.items() if c > 0}
 
   fr, fw = ins.rflags_read, ins.rflags_modified
-  if fr & _STATUS_FLAGS:
-    reads.append(_read(FLAGS, "flags"))
+  flags_read = bool(fr & _STATUS_FLAGS)
+  if x87:
+    reads = [r for r in reads if not r.reg.startswith("ST")]
+    writes = [w for w in writes if not w.reg.startswith("ST")]
+    for d in (implicit_r, implicit_w):
+      for reg in [r for r in d if r.startswith("ST")]:
+        del d[reg]
+    if mnemonic in _X87_READS_FPSW:
+      implicit_r[FPSW] = _X87_WORD_WIDTH
+    if mnemonic not in _X87_IGNORES_FPCW:
+      implicit_r[FPCW] = _X87_WORD_WIDTH
+    if mnemonic not in _X87_KEEPS_FPSW:
+      implicit_w[FPSW] = _X87_WORD_WIDTH
+    if mnemonic in _X87_WRITES_FPCW:
+      implicit_w[FPCW] = _X87_WORD_WIDTH
+    flags_read = flags_read and mnemonic not in _X87_NO_EFLAGS_READ
+  for full in sorted(implicit_r):
+    reads.append(_read(full, "implicit", implicit_r[full]))
+  for full in sorted(implicit_w):
+    writes.append(_write(full, "implicit", not full_width.get(full, True), implicit_w[full]))
+  if flags_read:
+    reads.append(_read(FLAGS, "flags", _FLAGS_WIDTH))
   if fw & _STATUS_FLAGS:
-    writes.append(_write(FLAGS, "flags", False))
+    writes.append(_write(FLAGS, "flags", False, _FLAGS_WIDTH))
 
-  # The two register sources that `idioms.variant_key` compares are the last two
-  # operands in every idiom candidate form (`xor %ecx,%eax`: EAX, ECX; `vpxor`: the
-  # two after the destination), as in LLVM's MCInst. Exact registers are compared (AH
-  # and AL share RAX but are different sources).
-  sources = ([ins.op_register(n - 2), ins.op_register(n - 1)]
-             if n >= 2 and ins.op_kind(n - 2) == _OPK_REGISTER
-             and ins.op_kind(n - 1) == _OPK_REGISTER else [])
-  return (_MNEMONIC[ins.mnemonic], tuple(reads), tuple(writes), explicit_reads, sources,
-          _flag_names(fr), _flag_names(fw), ins.is_stack_instruction, ins.has_lock_prefix,
-          ins.is_string_instruction and (ins.has_rep_prefix or ins.has_repne_prefix))
+  return _RegFacts(mnemonic, tuple(reads), tuple(writes), _flag_names(fr),
+                   _flag_names(fw), ins.is_stack_instruction, ins.has_lock_prefix, rep,
+                   tuple(cond_roles), n_regs + 3 * n_mem,
+                   _idiom_reads(ins, ignored) if idioms_too else None)
+
+
+def _idiom_reads(ins, ignored: list[int]) -> tuple[Read, ...] | None:
+  """The reads of a zero idiom as if its sources differed, or None (see `_RegFacts`).
+
+  Whether a CPU treats `OPCODE@same` as an idiom is the parameter table's business
+  (XOR8rr@same is none on Haswell), so the IR keeps its sources. iced gives no
+  accesses for sources it knows to be ignored, so they are read off a copy of the
+  instruction whose last operand names another register of the same class.
+  """
+  last = ins.op_count - 1
+  if not ignored or ins.op_kind(last) != _OPK_REGISTER:
+    return None
+  reg = ins.op_register(last)
+  other = ix.RegisterExt.base(reg) + (ix.RegisterExt.number(reg) + 1) % 8
+  alt = ins.copy()
+  alt.set_op_register(last, other)
+  alt_info = _FACTORY.info(alt)
+  if any(alt_info.op_access(i) == _A.NONE for i in ignored):
+    return None  # not an idiom: the operand is never accessed (`nopl %eax`)
+  facts = _register_facts(alt, alt_info, idioms_too=False)
+  names = {_OP_ROLES[i]: ins.op_register(i) for i in range(ins.op_count)
+           if ins.op_kind(i) == _OPK_REGISTER}
+  return tuple(_read(_FULL[names[r.role]], r.role, _WIDTH[names[r.role]])
+               if r.role in names else r for r in facts.reads)
 
 
 def _memory_facts(ins, info) -> tuple[Mem, ...]:
@@ -431,30 +574,97 @@ def _llvm_disassemble(instrs: list[bytes]) -> list[tuple[str, str] | DecodeError
   return out
 
 
-def _llvm_assemble_errors(texts: list[str]) -> dict[int, str]:
-  """Index -> error of the texts that llvm-mc's assembler (llvm-mca's parser) rejects."""
+class _Asm(NamedTuple):
+  """The MCInst that llvm-mc's assembler, as llvm-mca's parser, builds from a text."""
+
+  opcode: str
+  n_regs: int  # its register operands (the "no register" 0 of an address included)
+  # The last two register operands' numbers, for an idiom candidate (`@same`); else ().
+  sources: tuple[int, ...]
+
+
+# `llvm-mc -show-inst` prints `# <MCInst #N OPCODE` after each instruction's text,
+# then one `<MCOperand Reg:N>` (or Imm, Expr) line per operand.
+_MCINST_HEAD = "<MCInst #"
+_MCINST_OPCODE = re.compile(r"<MCInst #\d+ (\w+)")
+_REG_OPERAND = re.compile(r"<MCOperand Reg:(\d+)>")
+# Text -> its assembled MCInst, or why llvm-mca could not take it as one instruction
+# (a DecodeError without the bytes in its detail).
+_ASM_CACHE: dict[str, _Asm | DecodeError] = {}
+
+
+def _llvm_assemble(texts: list[str]) -> list[_Asm | DecodeError]:
+  """Assembles each text as llvm-mca will; one llvm-mc run for all of them.
+
+  A text must become exactly one MCInst: an error is `llvm-mc-asm`, and a prefix that
+  the assembler emits as an instruction of its own (`xacquire`, `rex64`), which
+  llvm-mca would simulate as a second instruction, is `llvm-mc-prefix`. When the
+  output cannot be matched to the input lines, the list is split in halves until it
+  can.
+  """
   if not texts:
-    return {}
-  res = _run_llvm_mc(["-triple=x86_64", "-filetype=null"], "\n".join(texts) + "\n")
+    return []
+  res = _run_llvm_mc(["-triple=x86_64", "-show-inst"], "\n".join(texts) + "\n")
   failed: dict[int, str] = {}
   for m in _DIAG.finditer(res.stderr):
     if m.group(3) == "error":
       failed.setdefault(int(m.group(1)) - 1, m.group(4))
-  return failed
+  groups: list[tuple[list[str], str, int, tuple[int, ...]]] = []
+  pending: list[str] = []
+  # Each piece after a MCInst head holds that MCInst's operands (and the next
+  # instruction's text, which has no `Reg:`); C-level findall, split and count keep
+  # this fast, and register numbers are parsed only where `@same` needs them.
+  opcodes = _MCINST_OPCODE.findall(res.stdout)
+  pieces = res.stdout.split(_MCINST_HEAD)[1:]
+  for opcode, piece in zip(opcodes, pieces):
+    if opcode.endswith("_PREFIX"):
+      pending.append(opcode)
+      continue
+    sources = ()
+    if idioms.is_idiom_candidate(opcode):
+      sources = tuple(map(int, _REG_OPERAND.findall(piece)[-2:]))
+    groups.append((pending, opcode, piece.count("Reg:"), sources))
+    pending = []
+  ok = [k for k in range(len(texts)) if k not in failed]
+  if pending or len(groups) != len(ok) or len(opcodes) != len(pieces):
+    if len(texts) == 1:
+      return [DecodeError("llvm-mc-asm", f"{texts[0]!r}: llvm-mc assembles it to "
+                          f"{len(groups)} instructions")]
+    mid = len(texts) // 2
+    return _llvm_assemble(texts[:mid]) + _llvm_assemble(texts[mid:])
+  out: list[_Asm | DecodeError] = [
+      DecodeError("llvm-mc-asm", f"{texts[k]!r}: {failed[k]}") if k in failed else None
+      for k in range(len(texts))]
+  for k, (prefixes, opcode, n_regs, sources) in zip(ok, groups):
+    if prefixes:
+      out[k] = DecodeError("llvm-mc-prefix", f"{texts[k]!r}: llvm-mca reads it as "
+                           f"{' + '.join(prefixes + [opcode])}")
+    else:
+      out[k] = _Asm(opcode, n_regs, sources)
+  return out
 
 
-def _llvm_opcodes(instrs: list[bytes]) -> list[tuple[str, str] | DecodeError]:
-  """(opcode, text) of each instruction: disassembled, and checked to re-assemble.
+def _llvm_opcodes(instrs: list[bytes]) -> list[tuple[str, str, _Asm] | DecodeError]:
+  """(disassembled opcode, text, re-assembled MCInst) of each instruction.
 
-  The re-assembly check catches text that llvm-mc prints but cannot read back
-  (`63 c4` prints as `movslq %esp, %eax`), on which llvm-mca would fail.
+  The text is re-assembled, as llvm-mca will: that catches text that llvm-mc prints
+  but cannot read back (`63 c4` prints as `movslq %esp, %eax`), and gives the
+  opcode llvm-mca simulates, which differs from the disassembled one for
+  non-canonical encodings (`PUSH64i32` -> `PUSH64i8`, `XOR32rr_REV` -> `XOR32rr`).
   """
-  out = _llvm_disassemble(instrs)
-  good = [j for j, x in enumerate(out) if not isinstance(x, DecodeError)]
-  failed = _llvm_assemble_errors([out[j][1] for j in good])
-  for i, msg in failed.items():
-    j = good[i]
-    out[j] = DecodeError("llvm-mc-asm", f"{instrs[j].hex()}: {out[j][1]!r}: {msg}")
+  dis = _llvm_disassemble(instrs)
+  todo = list(dict.fromkeys(x[1] for x in dis
+                            if not isinstance(x, DecodeError) and x[1] not in _ASM_CACHE))
+  for t, a in zip(todo, _llvm_assemble(todo)):
+    _ASM_CACHE[t] = a
+  out: list[tuple[str, str, _Asm] | DecodeError] = []
+  for b, x in zip(instrs, dis):
+    if isinstance(x, DecodeError):
+      out.append(x)
+      continue
+    a = _ASM_CACHE[x[1]]
+    out.append(DecodeError(a.reason, f"{b.hex()}: {a.detail}") if isinstance(a, DecodeError)
+               else (x[0], x[1], a))
   return out
 
 
@@ -472,6 +682,7 @@ def clear_cache() -> None:
   _CACHE.clear()
   _FAILED.clear()
   _SHAPES.clear()
+  _ASM_CACHE.clear()
 
 
 def _resolve(new: list[bytes], progress: bool = False) -> None:
@@ -494,21 +705,32 @@ def _resolve(new: list[bytes], progress: bool = False) -> None:
     if isinstance(f, DecodeError) or isinstance(lk, DecodeError):
       _CACHE[b] = f if isinstance(f, DecodeError) else lk
       _FAILED.add(b)
-    else:
-      (mnemonic, reads, writes, explicit_reads, sources, flags_read, flags_written, stack,
-       lock, rep), mem = f
-      opcode, text = lk
-      key = idioms.variant_key(opcode, sources)
-      same = key.endswith(idioms.SAME)
-      # iced drops the source reads of a zero idiom (`xor %eax,%eax`: write only);
-      # an `@same` form whose reads iced keeps (`pcmpeqd`, `sbb`) breaks only the
-      # dependency, if the CPU says so.
-      zero = same and explicit_reads == 0
-      _CACHE[b] = Instr(
-          key=key, text=text, hex=b.hex(), mnemonic=mnemonic, reads=reads, writes=writes,
-          flags_read=flags_read, flags_written=flags_written, mem=mem,
-          loads=any(m.load for m in mem), stores=any(m.store for m in mem), stack=stack,
-          zero_idiom=zero, dep_breaking=same and not zero, lock=lock, rep=rep)
+      continue
+    rf, mem = f
+    encoding_opcode, text, asm = lk
+    reads = rf.reads
+    if rf.cond_roles and asm.n_regs <= rf.operand_regs:
+      # No register operand of the MCInst is tied to the conditional destination
+      # (`bsr`; `cmov` has one): LLVM does not read it, so neither does the IR.
+      reads = tuple(r for r in reads if r.role not in rf.cond_roles)
+    # The two sources an idiom compares are the MCInst's last two register operands
+    # (`xor %ecx,%eax`: EAX, ECX; `vpxor`: the two after the destination); LLVM's
+    # register numbers tell AH and AL apart.
+    key = idioms.variant_key(asm.opcode, list(asm.sources))
+    same = key.endswith(idioms.SAME)
+    # iced knows the zero idioms (`xor %eax,%eax`) and drops their sources; the IR
+    # keeps them, since each CPU's parameter table says whether it ignores them. An
+    # `@same` form whose reads iced keeps (`pcmpeqd`, `sbb`) can at most break the
+    # dependency, again if the CPU says so.
+    zero = same and rf.idiom_reads is not None
+    if rf.idiom_reads is not None:  # also where LLVM sees no idiom at all
+      reads = rf.idiom_reads
+    _CACHE[b] = Instr(
+        key=key, text=text, hex=b.hex(), mnemonic=rf.mnemonic, reads=reads,
+        writes=rf.writes, flags_read=rf.flags_read, flags_written=rf.flags_written, mem=mem,
+        loads=any(m.load for m in mem), stores=any(m.store for m in mem), stack=rf.stack,
+        zero_idiom=zero, dep_breaking=same and not zero, lock=rf.lock, rep=rf.rep,
+        encoding_opcode=encoding_opcode)
 
 
 def _tqdm(it, desc):
@@ -684,41 +906,44 @@ def parse_asm(text: str, *, syntax: str = "att") -> Block:
 def _instr_to_json(i: Instr) -> dict:
   return {
       "key": i.key, "text": i.text, "hex": i.hex, "mnemonic": i.mnemonic,
-      "reads": [[r.reg, r.role] for r in i.reads],
-      "writes": [[w.reg, w.role, w.merge] for w in i.writes],
+      "reads": [[r.reg, r.role, r.width] for r in i.reads],
+      "writes": [[w.reg, w.role, w.merge, w.width] for w in i.writes],
       "flags_read": list(i.flags_read), "flags_written": list(i.flags_written),
       "mem": [{"base": m.base, "index": m.index, "scale": m.scale, "disp": m.disp,
                "size": m.size, "load": m.load, "store": m.store, "segment": m.segment}
               for m in i.mem],
       "loads": i.loads, "stores": i.stores, "stack": i.stack,
       "zero_idiom": i.zero_idiom, "dep_breaking": i.dep_breaking,
-      "lock": i.lock, "rep": i.rep,
+      "lock": i.lock, "rep": i.rep, "encoding_opcode": i.encoding_opcode,
   }
 
 
 def block_to_json(block: Block) -> dict:
   """A JSON-ready dict: `{"hex": ..., "instrs": [...]}` with every Instr field.
 
-  Reads are `[reg, role]`, writes `[reg, role, merge]`, memory operands objects.
+  Reads are `[reg, role, width]`, writes `[reg, role, merge, width]`, memory
+  operands objects.
   """
   return {"hex": block.hex, "instrs": [_instr_to_json(i) for i in block.instrs]}
 
 
 def block_from_json(d: dict) -> Block:
-  """Inverse of `block_to_json`."""
+  """Inverse of `block_to_json` (also reads the older `[reg, role]` and
+  `[reg, role, merge]` lists, as width 0)."""
   instrs = []
   for j in d["instrs"]:
     instrs.append(Instr(
         key=j["key"], text=j["text"], hex=j["hex"], mnemonic=j["mnemonic"],
-        reads=tuple(_read(reg, role) for reg, role in j["reads"]),
-        writes=tuple(_write(reg, role, bool(merge)) for reg, role, merge in j["writes"]),
+        reads=tuple(_read(r[0], r[1], int(r[2]) if len(r) > 2 else 0) for r in j["reads"]),
+        writes=tuple(_write(w[0], w[1], bool(w[2]), int(w[3]) if len(w) > 3 else 0)
+                     for w in j["writes"]),
         flags_read=tuple(j.get("flags_read", ())),
         flags_written=tuple(j.get("flags_written", ())),
         mem=tuple(Mem(**m) for m in j.get("mem", ())),
         loads=j.get("loads", False), stores=j.get("stores", False),
         stack=j.get("stack", False), zero_idiom=j.get("zero_idiom", False),
         dep_breaking=j.get("dep_breaking", False), lock=j.get("lock", False),
-        rep=j.get("rep", False)))
+        rep=j.get("rep", False), encoding_opcode=j.get("encoding_opcode", "")))
   return Block(hex=d["hex"], instrs=tuple(instrs))
 
 

@@ -128,6 +128,11 @@ def dependencies(block: Block) -> list[list[tuple[int, int, int, int]]]:
           mine.append(edge)
         if not w.merge:
           break
+        # A partial write that covers every bit the read needs ends the walk too:
+        # after `movsd (%rcx),%xmm1` a read of %xmm1 waits only for the movsd.
+        need, wrote = getattr(r, "width", 0), getattr(w, "width", 0)
+        if need and wrote and wrote >= need:
+          break
     deps.append(mine)
   return deps
 
@@ -194,8 +199,10 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
       for (p, *_rest) in ds:
         cnt[p] = cnt.get(p, 0) + 1
     uses_count.append(max(cnt.values(), default=0))
-  D = max_deps or _bucket(max((len(d) for ds in all_deps for d in ds), default=1), DEP_BUCKETS)
-  C = max_uses or _bucket(max(uses_count, default=1), DEP_BUCKETS)
+  # Few distinct shapes keep compilations few: D at least 8, C at least min(L, 32).
+  D = max_deps or max(8, _bucket(max((len(d) for ds in all_deps for d in ds), default=1),
+                                 DEP_BUCKETS + (128, 256)))
+  C = max_uses or max(min(L, 32), _bucket(max(uses_count, default=1), DEP_BUCKETS + (128, 256)))
   from diffsim.params.table import REG_KINDS
 
   out = dict(

@@ -1,10 +1,13 @@
 """Collects every opcode key of the BHive corpus, with one example instance each.
 
-The parameter tables must cover every instruction the simulator will meet. This
-script disassembles all BHive blocks with `llvm-mc -show-inst` (one process per
-chunk of blocks, `ud2` between blocks), keys each instruction the way the decoder
-does (`diffsim.isa.idioms.variant_key` on the MCInst's last two register operands),
-and writes `corpus_keys.json`:
+The parameter tables must cover every instruction the simulator will meet, so the
+keys are exactly the decoder's: every block is decoded with
+`diffsim.isa.decode.decode_blocks`, whose `Instr.key` is the opcode of the MCInst
+llvm-mc's assembler (llvm-mca's parser) builds from the instruction's text, with the
+`@same` variant (`diffsim.isa.idioms`). Blocks the decoder rejects are never
+simulated, so their instructions are not counted. The examples are printed by
+`llvm-mc -show-inst` from the example text (tabs as llvm-mc prints them), and the
+output is `corpus_keys.json`:
 
 ```
 {"ADD64rm": {"example": "addq\t8(%rdi), %rax",   # AT&T text as llvm-mc prints it
@@ -20,99 +23,71 @@ Without the corpus (no `../shared` next to the checkout) it prints a note and ex
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import csv
 import json
 import os
 import sys
 from collections.abc import Iterable
 
-from diffsim.isa import idioms
+from diffsim.isa import decode
 from diffsim.params import mctools
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "corpus_keys.json")
 DEFAULT_CSV = os.path.normpath(
     os.path.join(HERE, "..", "..", "..", "shared", "data", "bhive", "blocks.csv"))
-CHUNK = 8000  # blocks per llvm-mc process: large enough to amortise start-up
 
 
-def key_of(inst: mctools.McInst, names: dict[int, str]) -> str:
-  """The opcode key of one MCInst (see `diffsim.isa.idioms.variant_key`)."""
-  regs = [n for n in inst.reg_numbers() if n]
-  return idioms.variant_key(inst.opcode, [names.get(n, str(n)) for n in regs[-2:]])
+def _example_rank(instr) -> int:
+  """Prefers plain examples: canonical bytes (the encoding llvm-mca's assembler
+  picks), no RIP-relative address, no segment override."""
+  text = instr.text
+  return (2 * (instr.encoding_opcode != instr.opcode) + ("%rip" in text) + (":" in text))
 
 
-def _instr_hexes(block_hex: str, n: int) -> list[str] | None:
-  """Each instruction's bytes, from iced-x86, when it splits the block into `n`."""
-  import iced_x86  # pylint: disable=import-outside-toplevel
-  data = bytes.fromhex(block_hex)
-  out = []
-  for ins in iced_x86.Decoder(64, data):
-    out.append(data[ins.ip:ins.ip + ins.len].hex())
-  return out if len(out) == n else None
-
-
-def _decodes(block_hex: str) -> bool:
-  """True when iced-x86 decodes every instruction of the block."""
-  import iced_x86  # pylint: disable=import-outside-toplevel
-  return all(ins.code != iced_x86.Code.INVALID
-             for ins in iced_x86.Decoder(64, bytes.fromhex(block_hex)))
-
-
-def _example_rank(text: str) -> int:
-  """Prefers plain examples: no RIP-relative address, no segment override."""
-  return ("%rip" in text) + (":" in text)
-
-
-def collect(hex_blocks: Iterable[str], *, workers: int = 2, progress: bool = False) -> dict:
-  """Disassembles blocks and tallies their opcode keys.
+def collect(hex_blocks: Iterable[str], *, progress: bool = False) -> dict:
+  """Decodes blocks and tallies their opcode keys.
 
   Args:
     hex_blocks: block bytes as hex strings.
-    workers: llvm-mc processes run at once.
-    progress: print one line per chunk to stderr.
+    progress: progress bars and a summary on stderr.
 
   Returns:
     key -> {"example", "count", "operands", "hex"}, sorted by key.
+
+  Raises:
+    mctools.ToolError: llvm-mc rejects an example text (the decoder checked them all).
+    RuntimeError: an example does not assemble to its key's opcode.
   """
-  # Blocks that iced-x86 cannot decode are never simulated (the decoder rejects them),
-  # so their keys are not wanted; BHive has one such block, with truncated bytes.
-  hexes = [h.lower() for h in hex_blocks if _decodes(h)]
-  chunks = [hexes[i:i + CHUNK] for i in range(0, len(hexes), CHUNK)]
+  counts: dict[str, int] = {}
+  best: dict[str, tuple[int, object]] = {}
+  for block in decode.decode_blocks(list(hex_blocks), progress=progress):
+    if isinstance(block, decode.DecodeError):
+      continue
+    for i in block.instrs:
+      counts[i.key] = counts.get(i.key, 0) + 1
+      rank = _example_rank(i)
+      if i.key not in best or rank < best[i.key][0]:
+        best[i.key] = (rank, i)
+  keys = sorted(counts)
+  insts = mctools.assemble("\n".join(best[k][1].text for k in keys) + "\n")
+  if len(insts) != len(keys):
+    raise RuntimeError(f"llvm-mc made {len(insts)} instructions of {len(keys)} examples")
   names = dict(mctools.register_names())
-  keys: dict[str, dict] = {}
-  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    results = pool.map(mctools.disassemble_checked, chunks)
-    for ci, (chunk, blocks) in enumerate(zip(chunks, results)):
-      if len(blocks) != len(chunk):
-        raise mctools.ToolError(f"chunk {ci}: {len(blocks)} blocks back for {len(chunk)}")
-      # Registers that the probe file did not name are learned from the corpus text.
-      unknown = [i for b in blocks for i in b if any(n and n not in names
-                                                     for n in i.reg_numbers())]
-      if unknown:
-        names = mctools.learn_register_names(unknown, names)
-      for block_hex, insts in zip(chunk, blocks):
-        hx = None
-        for j, inst in enumerate(insts):
-          k = key_of(inst, names)
-          e = keys.get(k)
-          if e is None:
-            e = keys[k] = {"example": None, "count": 0, "operands": None, "hex": None,
-                           "_rank": 99}
-          e["count"] += 1
-          rank = _example_rank(inst.text)
-          if rank < e["_rank"]:
-            if hx is None:
-              hx = _instr_hexes(block_hex, len(insts)) or []
-            if j < len(hx):
-              e.update(example=inst.text, _rank=rank, hex=hx[j], operands=" ".join(
-                  mctools.exegesis_operand(kind, v, names) for kind, v in inst.operands))
-      if progress:
-        print(f"chunk {ci + 1}/{len(chunks)}: {len(keys)} keys", file=sys.stderr)
-  for e in keys.values():
-    e.pop("_rank")
-  return dict(sorted(keys.items()))
+  unknown = [m for m in insts if any(n and n not in names for n in m.reg_numbers())]
+  if unknown:  # registers the probe file did not name are learned from the examples
+    names = mctools.learn_register_names(unknown, names)
+  out = {}
+  for k, m in zip(keys, insts):
+    instr = best[k][1]
+    if m.opcode != instr.opcode:
+      raise RuntimeError(f"{k}: example {instr.text!r} assembles to {m.opcode}")
+    out[k] = {"example": m.text, "count": counts[k], "hex": instr.hex,
+              "operands": " ".join(mctools.exegesis_operand(kind, v, names)
+                                   for kind, v in m.operands)}
+  if progress:
+    print(f"{len(out)} keys", file=sys.stderr)
+  return out
 
 
 def read_blocks(path: str) -> list[str]:

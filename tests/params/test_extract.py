@@ -50,6 +50,26 @@ def test_table_covers_corpus_keys(cpu):
 
 
 @pytest.mark.parametrize("cpu", extract.CPUS)
+def test_table_keys_are_the_corpus_keys(cpu):
+  # Besides the corpus keys, a table holds only condition-code variants (`@<cc>`).
+  t = _table(cpu)
+  plain = {k for k in t["opcodes"] if k.split("@")[-1] not in extract.CONDITIONS}
+  assert plain | set(t["unsupported"]) == set(corpus_keys.load())
+
+
+@needs_tools
+def test_corpus_examples_decode_to_their_keys():
+  # The keys are the decoder's: each example's bytes decode to its key, and no key is
+  # a non-canonical encoding that llvm-mca never simulates (XOR32rr_REV, PUSH64i32
+  # for a small immediate).
+  from diffsim.isa import decode  # pylint: disable=import-outside-toplevel
+  keys = corpus_keys.load()
+  blocks = decode.decode_blocks([e["hex"] for e in keys.values()])
+  assert [b.instrs[0].key for b in blocks] == list(keys)
+  assert "XOR32rr_REV@same" not in keys and "XOR32rr@same" in keys
+
+
+@pytest.mark.parametrize("cpu", extract.CPUS)
 def test_resource_lists_name_known_resources(cpu):
   t = _table(cpu)
   names = {r["name"] for r in t["resources"]}
