@@ -218,3 +218,28 @@ def _progress(total: int, enabled: bool):
       pass
 
   return _Null()
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "window", "trace"))
+def _timeline(params, structure, batch, iterations, *, layout, window, trace):
+  block = jax.tree.map(lambda x: x[0], batch)
+  facts = gather(params, structure, layout, block)
+  members = jnp.asarray(layout.group_members, jnp.int32)
+  return run_block(facts, params, members, iterations, window=window,
+                   max_cycles=DEFAULT_MAX_CYCLES, fast_forward=False, trace=trace)
+
+
+def timeline(table: Table, block: Block, iterations: int = 10):
+  """Per-instruction cycles of one block, for comparison with llvm-mca's timeline.
+
+  Returns:
+    (total cycles, [iterations, len(block), 3] int array of the dispatch, issue and
+    retire cycle of every dynamic instruction).
+  """
+  batch = encode([block], table.layout.index)
+  n = len(block.instrs)
+  cycles, _, trace = _timeline(table.params, table.structure, batch, jnp.int32(iterations),
+                               layout=table.layout,
+                               window=window_for(np.asarray(table.params.rob_size)),
+                               trace=n * iterations)
+  return int(cycles), np.asarray(trace).reshape(iterations, n, 3)

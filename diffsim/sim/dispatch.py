@@ -79,6 +79,9 @@ def dispatch(state: State, facts: Facts, g) -> State:
             + LOAD_BARRIER * facts.load_barrier[c] + STORE_BARRIER * facts.store_barrier[c]),
         rob_cost=state.rob_cost.at[slot].set(facts.rob_cost[c]),
         prf_cost=state.prf_cost.at[slot].set(facts.prf_cost[c]))
+    if state.trace.shape[0]:  # static: only when a timeline was asked for
+      state = state.replace(trace=state.trace.at[i].set(
+          jnp.stack([t, jnp.where(now, t, -1), -1]), mode="drop"))
     return state, slots, can_go(state, slots)
 
   state, _, _ = lax.while_loop(lambda c: c[2], one, (state, slots, can_go(state, slots)))

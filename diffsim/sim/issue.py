@@ -149,7 +149,12 @@ def _round(state: State, facts: Facts, members, tried):
   old_loads_ok = oldest(live & ~executed & has(LOAD)) >= dyn
   mem_ok = jnp.where(store, sb_ok, jnp.where(load, lb_ok & (~has(LOAD_BARRIER) | old_loads_ok),
                                              True))
-  cand = waiting & mem_ok
+  # A store needs every older memory operation issued. One that waits on an older
+  # operation that cannot issue this cycle is no candidate; the rest are checked
+  # exactly in the scan below.
+  is_mem = live & has(LOAD | STORE)
+  stuck = oldest(unissued & is_mem & ~(waiting & mem_ok))
+  cand = waiting & mem_ok & (~store | (dyn <= stuck))
   pos = dyn - state.head
   key = jnp.where(cand, (pos - state.users + 8192) * 1024 + pos, jnp.iinfo(jnp.int32).max)
   slots, valid = _best(key, K)
@@ -157,8 +162,6 @@ def _round(state: State, facts: Facts, members, tried):
   c_k = jnp.mod(dyn_k, facts.n)
   store_k = store[slots]
   mem_k = (facts.may_load[c_k] | facts.may_store[c_k])
-  is_mem = live & has(LOAD | STORE)
-  # A store needs every older memory operation issued: count those still unissued.
   older = jnp.sum(unissued[None, :] & is_mem[None, :] & (dyn[None, :] < dyn_k[:, None]),
                   axis=-1)
 
@@ -186,13 +189,21 @@ def _round(state: State, facts: Facts, members, tried):
   q_slot = jnp.where(woke, jnp.mod(q_dyn, W), W).reshape(-1)
   ready_t = state.ready_t.at[q_slot].max((t + facts.use_w[c_k]).reshape(-1), mode="drop")
   pending = state.pending.at[q_slot].add(-1, mode="drop")
-  tried = tried | (jnp.zeros(W, bool).at[jnp.where(valid & ~store_k, slots, W)].set(
-      True, mode="drop"))
+  # Scanned candidates that did not issue cannot later this cycle (resources only
+  # get taken), except stores once an older memory operation has issued.
+  tried = tried | jnp.zeros(W, bool).at[jnp.where(valid, slots, W)].set(True, mode="drop")
+  mem_issued = jnp.any(issued & mem_k)
+  tried = jnp.where(mem_issued, tried & ~(store & cand), tried)
   # Another round if a reader may issue now, a store may now pass, or K was too few.
-  more = jnp.any(issued & facts.zero_use[c_k]) | jnp.any(issued & mem_k) & jnp.any(
-      valid & store_k & ~issued) | (jnp.sum(cand) > K) & jnp.any(issued)
+  more = (jnp.any(issued & facts.zero_use[c_k])
+          | mem_issued & jnp.any(store & cand & ~jnp.zeros(W, bool).at[
+              jnp.where(issued, slots, W)].set(True, mode="drop"))
+          | (jnp.sum(cand & ~tried) > 0))
   state = state.replace(busy_until=busy, seq=seq, skip=skip, reserved_until=reserved_until,
                         issue_t=issue_t, rs_used=rs_used, ready_t=ready_t, pending=pending)
+  if state.trace.shape[0]:  # static: only when a timeline was asked for
+    state = state.replace(trace=state.trace.at[
+        jnp.where(issued, dyn_k, state.trace.shape[0]), 1].set(t, mode="drop"))
   return state, tried, more
 
 

@@ -37,7 +37,7 @@ def step(state: State, facts: Facts, members, g) -> State:
 
 
 def run_block(facts: Facts, params, members, iterations, *, window: int, max_cycles: int,
-              fast_forward: bool = True):
+              fast_forward: bool = True, trace: int = 0):
   """Total cycles for `iterations` iterations of one block (llvm-mca's Total Cycles).
 
   Returns:
@@ -47,7 +47,7 @@ def run_block(facts: Facts, params, members, iterations, *, window: int, max_cyc
   g = integer_globals(params)
   U = facts.unit_cycles.shape[-1]
   state = init(facts.n * iterations, U, members, params.buffer_size.shape[0],
-               params.prf_size.shape[0], window)
+               params.prf_size.shape[0], window, trace)
 
   def running(carry):
     state, _ = carry
@@ -63,4 +63,6 @@ def run_block(facts: Facts, params, members, iterations, *, window: int, max_cyc
 
   state, _ = lax.while_loop(running, cycle, (state, period.init_memory()))
   overflow = state.head < state.total
+  if trace:
+    return state.last_retire + 1, overflow, state.trace
   return state.last_retire + 1, overflow

@@ -26,7 +26,11 @@ def retire(state: State, facts: Facts, retire_width) -> State:
   count = jnp.where(retire_width > 0, jnp.minimum(blocker, retire_width), blocker)
   gone = inflight(state) & (pos < count)
   freed = lambda x: jnp.sum(jnp.where(gone, x, 0))  # noqa: E731
+  T = state.trace.shape[0]
+  retired_now = (jnp.arange(T) >= state.head) & (jnp.arange(T) < state.head + count)
+  trace = state.trace.at[:, 2].set(jnp.where(retired_now, state.t, state.trace[:, 2]))
   return state.replace(
+      trace=trace,
       head=state.head + count,
       last_retire=jnp.where(count > 0, state.t, state.last_retire),
       rob_used=state.rob_used - freed(state.rob_cost),

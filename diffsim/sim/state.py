@@ -47,10 +47,11 @@ class State:
   rob_cost: jax.Array  # [W] int32: ROB entries it holds
   prf_cost: jax.Array  # [W, F] int32: physical registers it holds
   overflow: jax.Array  # [] bool: ran past the cycle budget (result invalid)
+  trace: jax.Array  # [T, 3] int32: dispatch/issue/retire cycle of the first T instructions
 
 
 def init(total, num_units: int, group_members, num_resources: int, num_files: int,
-         window: int) -> State:
+         window: int, trace: int = 0) -> State:
   """The empty machine at cycle 0."""
   z = jnp.zeros((), jnp.int32)
   members = jnp.asarray(group_members, jnp.int32)
@@ -66,7 +67,7 @@ def init(total, num_units: int, group_members, num_resources: int, num_files: in
       latency=jnp.zeros(window, jnp.int32), flags=jnp.zeros(window, jnp.int32),
       rob_cost=jnp.zeros(window, jnp.int32),
       prf_cost=jnp.zeros((window, num_files), jnp.int32),
-      overflow=jnp.zeros((), bool))
+      overflow=jnp.zeros((), bool), trace=jnp.full((trace, 3), -1, jnp.int32))
 
 
 def slot_dyn(state: State) -> jax.Array:
