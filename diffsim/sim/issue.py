@@ -94,12 +94,16 @@ def can_take(res, row, members, t) -> jax.Array:
 
 def take(res, row, members, t, on):
   """Allocates the candidate's resources (when `on`): direct units, then groups."""
-  busy, seq, skip, reserved_until = res
-  for j in range(row["dunit"].shape[0]):  # direct units, in bit order
+
+  def unit(j, res):
+    busy, seq, skip, reserved_until = res
     u, use = row["dunit"][j], on & row["dunit_on"][j]
     busy = _set(busy, u, t + row["dunit_cycles"][j], use)
     seq, skip = notify(seq, skip, members, (1 << u).astype(jnp.int32), use)
-  for q in range(row["grp"].shape[0]):  # kept groups, in llvm-mca's order
+    return busy, seq, skip, reserved_until
+
+  def group(q, res):
+    busy, seq, skip, reserved_until = res
     g, cyc = row["grp"][q], row["grp_cycles"][q]
     group_on = on & row["grp_on"][q]
     reserve = row["grp_reserved"][q]
@@ -111,7 +115,11 @@ def take(res, row, members, t, on):
     skip = _set(skip, g, skip_g, pick)
     busy = _set(busy, unit, t + cyc, pick)
     seq, skip = notify(seq, skip, members, bit, pick)
-  return busy, seq, skip, reserved_until
+    return busy, seq, skip, reserved_until
+
+  # Direct units in bit order, then kept groups in llvm-mca's order.
+  res = lax.fori_loop(0, row["dunit"].shape[0], unit, res)
+  return lax.fori_loop(0, row["grp"].shape[0], group, res)
 
 
 _ROW = ("unit_mask", "dunit", "dunit_cycles", "dunit_on", "grp", "grp_cycles", "grp_need",
@@ -166,17 +174,20 @@ def _round(state: State, facts: Facts, members, tried):
                   axis=-1)
 
   rows = {name: getattr(facts, name)[c_k] for name in _ROW}  # [K, ...] each
-  res = (state.busy_until, state.seq, state.skip, state.reserved_until)
-  issued = []
-  done_older = jnp.zeros(K, jnp.int32)
-  for k in range(K):
+
+  def scan(k, carry):  # the candidates in priority order
+    res, issued, done_older = carry
     row = {name: v[k] for name, v in rows.items()}
     ok = valid[k] & can_take(res, row, members, t)
     ok &= ~store_k[k] | (older[k] == done_older[k])
     res = take(res, row, members, t, ok)
-    issued.append(ok)
+    issued = _set(issued, k, True, ok)
     done_older = done_older + (ok & mem_k[k] & (dyn_k[k] < dyn_k)).astype(jnp.int32)
-  issued = jnp.stack(issued)
+    return res, issued, done_older
+
+  res = (state.busy_until, state.seq, state.skip, state.reserved_until)
+  res, issued, _ = lax.fori_loop(0, K, scan, (res, jnp.zeros(K, bool),
+                                              jnp.zeros(K, jnp.int32)))
   busy, seq, skip, reserved_until = res
 
   # Write back: issue cycles, scheduler entries, and wake the dispatched readers.

@@ -1,0 +1,605 @@
+"""The `diffsim` command: decode, simulate, run llvm-mca, evaluate, compare, build tables.
+
+Impure code at the edge of diffsim: files in, files and tables out. Every subcommand
+reads a BHive-format CSV file (hex in the first column, a header and more columns
+optional) and keeps one output row per input row, in input order, so results can be
+pasted next to the input. A bad row (empty, odd-length or non-hex) gets an error in its
+output row instead of stopping the run; only unusable input (a missing, binary or
+non-CSV file, an unknown CPU) makes the command exit non-zero, with a message that
+names the file.
+
+Throughputs leave the command in BHive's unit, cycles per 100 iterations:
+- `total`: the Total Cycles of an N-iteration run, times 100/N (llvm-mca's own figure).
+- `steady`: 100 * (cycles(2N) - cycles(N)) / N, BHive's steady-state definition, which
+  cancels the pipeline's fill and drain; measured labels are of this kind.
+
+  diffsim decode IN.csv [-o OUT.jsonl]
+  diffsim mca IN.csv --mcpu haswell -o OUT.csv
+  diffsim simulate IN.csv --params haswell -o OUT.csv
+  diffsim eval IN.csv --params haswell [--json] [--mca haswell]
+  diffsim compare IN.csv --params haswell [--mcpu haswell]
+  diffsim params haswell -o haswell.json
+  diffsim params --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+# Debian's LLVM 14 keeps its unversioned tools here (on PATH only as `llvm-mc-14`).
+_LLVM14_BIN = Path("/usr/lib/llvm-14/bin")
+_LLVM_TOOLS = ("llvm-mc", "llvm-mca", "llvm-exegesis")
+
+
+class CliError(Exception):
+  """Unusable input or environment: the command prints the message and exits 2."""
+
+
+# ---------------------------------------------------------------------------------
+# Environment.
+
+
+def _put_llvm14_on_path() -> None:
+  """Makes the unversioned LLVM names (`llvm-mc`, ...) resolve to LLVM 14.
+
+  `diffsim.isa.decode` and `diffsim.params` call the tools by their plain names, but a
+  Debian system with only the `llvm-14` package installs them as `llvm-mc-14` or under
+  /usr/lib/llvm-14/bin. Putting that folder (or `$DIFFSIM_LLVM_BIN`) first on this
+  process's PATH lets every module find the same LLVM 14 as `diffsim.mca` does.
+  """
+  env_bin = os.environ.get("DIFFSIM_LLVM_BIN")
+  folder = Path(env_bin) if env_bin else _LLVM14_BIN
+  if not folder.is_dir():
+    return
+  resolved = [shutil.which(t) for t in _LLVM_TOOLS]
+  if all(p and Path(p).resolve().parent == folder.resolve() for p in resolved):
+    return
+  os.environ["PATH"] = os.pathsep.join([str(folder), os.environ.get("PATH", "")])
+
+
+def _enable_compile_cache() -> None:
+  """Keeps compiled simulator programs on disk between runs.
+
+  Compiling the simulator takes seconds per block-length bucket, which dominates a
+  short run; JAX's persistent cache makes the second run start at once. The directory
+  is `$DIFFSIM_CACHE_DIR` (`off` disables it), else `~/.cache/diffsim/jax`; a cache
+  directory already chosen for JAX (`JAX_COMPILATION_CACHE_DIR`) wins.
+  """
+  choice = os.environ.get("DIFFSIM_CACHE_DIR", "")
+  if choice.lower() in ("off", "0", "none"):
+    return
+  import jax
+
+  if jax.config.jax_compilation_cache_dir:
+    return
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+  path = Path(choice or os.path.join(base, "diffsim", "jax")).expanduser()
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError:
+    return  # a read-only home only costs compile time
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  # Only programs worth keeping: the simulator's take seconds, helpers milliseconds.
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def _need_llvm(*names: str) -> None:
+  """Fails early, with the install hint, when an LLVM 14 tool is missing."""
+  from diffsim.mca import find_llvm_tool
+
+  for name in names:
+    try:
+      find_llvm_tool(name)
+    except FileNotFoundError as e:
+      raise CliError(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------
+# Input and output.
+
+
+def _input_path(args: argparse.Namespace) -> Path:
+  """The input file: IN.csv, or a shipped dataset named with --shipped."""
+  if args.shipped and args.input:
+    raise CliError(f"give IN.csv ({args.input}) or --shipped {args.shipped}, not both")
+  if args.shipped:
+    from diffsim.data import SHIPPED, shipped
+
+    name = args.shipped if args.shipped.endswith(".csv") else args.shipped + ".csv"
+    try:
+      return shipped(name)
+    except FileNotFoundError:
+      raise CliError(f"no shipped dataset {args.shipped!r}; known: "
+                     f"{', '.join(SHIPPED)}") from None
+  if not args.input:
+    raise CliError("no input: give IN.csv or --shipped NAME")
+  return Path(args.input)
+
+
+def _read_rows(args: argparse.Namespace) -> tuple[Path, list]:
+  """(path, every data row in input order, bad rows included), at most --limit rows."""
+  from diffsim.data import load_rows
+
+  path = _input_path(args)
+  try:
+    rows = load_rows(path)
+  except (OSError, ValueError) as e:
+    msg = str(e)
+    raise CliError(msg if str(path) in msg else f"{path}: {msg}") from None
+  if args.limit is not None:
+    rows = rows[:args.limit]
+  if rows and all(r.hex is None for r in rows):
+    _say(f"warning: {path}: no row has a usable hex block in column 1")
+  return path, rows
+
+
+def _hex_field(row) -> str:
+  """The row's first field as the block's hex (normalised when it is valid)."""
+  if row.hex is not None:
+    return row.hex
+  h = row.fields[0].strip() if row.fields else ""
+  return h[2:] if h[:2] in ("0x", "0X") else h
+
+
+def _decode(rows: Sequence, progress: bool) -> list:
+  """A Block or a DecodeError per row; only column 1 matters here.
+
+  A row whose label or width is bad but whose hex is fine is still decoded: labels
+  are the business of `eval` alone.
+  """
+  from diffsim.isa import decode_blocks
+
+  _need_llvm("llvm-mc")
+  try:
+    return decode_blocks([_hex_field(r) for r in rows], progress=progress)
+  except RuntimeError as e:  # llvm-mc missing or broken: the environment, not a row
+    raise CliError(str(e)) from None
+
+
+def _open_out(path: str | None) -> TextIO:
+  if path in (None, "-"):
+    return sys.stdout
+  try:
+    return open(path, "w", newline="")
+  except OSError as e:
+    raise CliError(f"cannot write {path}: {e.strerror}") from None
+
+
+def _say(msg: str) -> None:
+  print(msg, file=sys.stderr, flush=True)
+
+
+def _fmt(v: float | None) -> str:
+  """A throughput for CSV: exact for integers, 10 significant digits otherwise."""
+  if v is None or not math.isfinite(v):
+    return ""
+  return format(v, ".10g")
+
+
+def _pct(x: float) -> str:
+  return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def _write_predictions(out_path: str | None, hexes: Sequence[str],
+                       preds: Sequence[tuple[float | None, str | None]]) -> None:
+  f = _open_out(out_path)
+  try:
+    w = csv.writer(f, lineterminator="\n")
+    w.writerow(["hex", "prediction", "error"])
+    for h, (v, err) in zip(hexes, preds):
+      w.writerow([h, _fmt(v), "" if v is not None else (err or "no prediction")])
+  finally:
+    if f is not sys.stdout:
+      f.close()
+
+
+def _report_failures(what: str, preds: Sequence[tuple[float | None, str | None]]) -> None:
+  failed = [err for v, err in preds if v is None]
+  _say(f"{what}: {len(preds) - len(failed)} of {len(preds)} blocks predicted"
+       + (f", {len(failed)} failed (first: {failed[0]})" if failed else ""))
+
+
+# ---------------------------------------------------------------------------------
+# The two predictors, with one result shape: (cycles per 100 iterations | None, error).
+
+
+def _mca_predict(blocks: Sequence, mcpu: str, iterations: int, throughput: str,
+                 progress: bool) -> list[tuple[float | None, str | None]]:
+  """llvm-mca 14's prediction for each decoded block (errors passed through)."""
+  from diffsim.mca import McaError, run_mca, steady
+
+  _need_llvm("llvm-mca")
+  out: list[tuple[float | None, str | None]] = [
+    (None, f"decode: {b}") if isinstance(b, Exception) else (None, None) for b in blocks]
+  good = [i for i, b in enumerate(blocks) if not isinstance(b, Exception)]
+  texts = [blocks[i].text for i in good]
+  try:
+    runs = [run_mca(texts, mcpu, iterations=n, progress=progress)
+            for n in ((iterations,) if throughput == "total" else (iterations, 2 * iterations))]
+  except McaError as e:
+    raise CliError(f"llvm-mca -mcpu={mcpu}: {e}") from None
+  for k, i in enumerate(good):
+    res = [r[k] for r in runs]
+    bad = next((r.error for r in res if r.cycles is None), None)
+    if bad is not None:
+      out[i] = (None, bad)
+    elif throughput == "total":
+      out[i] = (res[0].cycles * 100.0 / iterations, None)
+    else:
+      out[i] = (float(steady(res[1].cycles, res[0].cycles, iterations)), None)
+  return out
+
+
+def _load_table(params: str):
+  from diffsim.params.table import load_table
+
+  try:
+    return load_table(params)
+  except (OSError, ValueError, KeyError) as e:
+    raise CliError(f"--params {params}: {e}") from None
+
+
+def _sim_predict(table, blocks: Sequence, iterations: int, throughput: str,
+                 progress: bool) -> list[tuple[float | None, str | None]]:
+  """The simulator's prediction for each decoded block (errors passed through)."""
+  _enable_compile_cache()
+  from diffsim.sim import simulate_blocks
+
+  blocks = list(blocks)
+  unencodable = _unencodable(table, blocks)
+  for i, msg in unencodable.items():
+    blocks[i] = ValueError(msg)  # passed through by simulate_blocks, untouched
+  preds = simulate_blocks(table, blocks, iterations=iterations, throughput=throughput,
+                          progress=progress)
+  out = [(p.cycles, p.error) for p in preds]
+  for i, msg in unencodable.items():
+    out[i] = (None, f"encode: {msg}")
+  return out
+
+
+def _unencodable(table, blocks: Sequence) -> dict[int, str]:
+  """Blocks that `encode` rejects, by position, with its message.
+
+  `simulate_blocks` encodes a whole batch at once, so one block beyond encode's limits
+  (say, a register read by more than 64 later instructions) would fail the whole run.
+  Trying each block alone first keeps the failure on that block's row.
+  """
+  from diffsim.isa.encode import BUCKETS, encode, table_key
+
+  idx = table.layout.index
+  bad = {}
+  for i, b in enumerate(blocks):
+    if isinstance(b, Exception) or not b.instrs or len(b.instrs) > BUCKETS[-1]:
+      continue  # simulate_blocks reports these itself
+    if any(table_key(ins, idx) is None for ins in b.instrs):
+      continue  # simulate_blocks names the unknown opcode itself
+    try:
+      encode([b], idx)
+    except (ValueError, KeyError) as e:
+      bad[i] = str(e).replace("block 0: ", "")
+  return bad
+
+
+# ---------------------------------------------------------------------------------
+# Subcommands.
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+  from diffsim.isa import DecodeError, block_to_json, summarize
+
+  path, rows = _read_rows(args)
+  results = _decode(rows, args.progress)
+  f = _open_out(args.output)
+  try:
+    for row, res in zip(rows, results):
+      if isinstance(res, DecodeError):
+        doc: dict[str, Any] = {"hex": _hex_field(row), "error": str(res)}
+      else:
+        doc = block_to_json(res)
+      f.write(json.dumps(doc) + "\n")
+  finally:
+    if f is not sys.stdout:
+      f.close()
+  s = summarize(results)
+  reasons = ", ".join(f"{n} {r}" for r, n in s["by_reason"].items())
+  _say(f"{path}: decoded {s['decoded']} of {s['blocks']} blocks ({s['instructions']} "
+       f"instructions, {s['keys']} distinct opcode keys); failed {s['failed']}"
+       + (f": {reasons}" if reasons else ""))
+  return 0
+
+
+def cmd_mca(args: argparse.Namespace) -> int:
+  _, rows = _read_rows(args)
+  blocks = _decode(rows, args.progress)
+  preds = _mca_predict(blocks, args.mcpu, args.iterations, args.throughput, args.progress)
+  _write_predictions(args.output, [_hex_field(r) for r in rows], preds)
+  _report_failures(f"llvm-mca -mcpu={args.mcpu}", preds)
+  return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+  table = _load_table(args.params)
+  _, rows = _read_rows(args)
+  blocks = _decode(rows, args.progress)
+  preds = _sim_predict(table, blocks, args.iterations, args.throughput, args.progress)
+  _write_predictions(args.output, [_hex_field(r) for r in rows], preds)
+  _report_failures(f"diffsim --params {args.params}", preds)
+  return 0
+
+
+def _json_number(x: float) -> float | None:
+  """JSON has no NaN: undefined metrics (too few blocks) become null."""
+  return None if x is None or not math.isfinite(x) else x
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+  import numpy as np
+
+  from diffsim.data import metrics
+
+  if args.mca is None and args.params is None:
+    raise CliError("eval needs --params CPU_OR_FILE.json (or --mca CPU for llvm-mca)")
+  table = _load_table(args.params) if args.mca is None else None
+  path, rows = _read_rows(args)
+  bad_rows = sum(r.error is not None for r in rows)
+  usable = [r for r in rows if r.error is None]
+  unlabelled = sum(math.isnan(r.y) for r in usable)
+  labelled = [r for r in usable if not math.isnan(r.y)]
+  blocks = _decode(labelled, args.progress)
+  if args.mca is not None:
+    who = f"llvm-mca -mcpu={args.mca}"
+    preds = _mca_predict(blocks, args.mca, args.iterations, args.throughput, args.progress)
+  else:
+    who = f"diffsim --params {args.params}"
+    preds = _sim_predict(table, blocks, args.iterations, args.throughput, args.progress)
+  y = np.array([r.y for r in labelled], np.float64)
+  pred = np.array([math.nan if v is None else v for v, _ in preds], np.float64)
+  s = metrics.summary(pred, y)
+  no_pred = [err for v, err in preds if v is None]
+  n_failed = bad_rows + unlabelled + len(no_pred)
+  if args.json:
+    print(json.dumps({"mape": _json_number(s["mape"]),
+                      "kendall_tau": _json_number(s["kendall_tau"]),
+                      "within_5pct": _json_number(s["within_5pct"]),
+                      "n": s["n"], "n_failed": n_failed}))
+    return 0
+  tau = s["kendall_tau"]
+  print(f"{path}: {who} vs labels ({args.throughput}, {args.iterations} iterations)")
+  print(f"  MAPE          {_pct(s['mape'])}")
+  print(f"  Kendall tau   {'n/a' if not math.isfinite(tau) else f'{tau:.3f}'}")
+  print(f"  within 5%     {_pct(s['within_5pct'])}")
+  print(f"  evaluated     {s['n']}")
+  parts = [f"{n} {what}" for n, what in ((bad_rows, "bad rows"), (unlabelled, "unlabelled"),
+                                          (len(no_pred), "without a prediction")) if n]
+  print(f"  failed        {n_failed}" + (f" ({', '.join(parts)})" if parts else ""))
+  if no_pred:
+    print(f"  first failure {no_pred[0]}")
+  return 0
+
+
+def cmd_params(args: argparse.Namespace) -> int:
+  from diffsim.params.table import available_tables
+
+  if args.list:
+    from diffsim.mca import mca_cpus
+
+    _need_llvm("llvm-mca")
+    print("llvm-mca 14 CPU models (diffsim params CPU -o FILE.json builds a table):")
+    print("  " + " ".join(mca_cpus()))
+    print("shipped tables (--params NAME):")
+    print("  " + " ".join(available_tables()))
+    return 0
+  if not args.cpu:
+    raise CliError("params needs a CPU name (or --list)")
+  from diffsim.mca import mca_cpus
+  from diffsim.params.extract import build_table, write_table
+
+  _need_llvm(*_LLVM_TOOLS)
+  if args.cpu not in mca_cpus(include_generic=True):
+    raise CliError(f"llvm-mca 14 has no CPU model {args.cpu!r}; see `diffsim params --list`")
+  out = args.output or f"{args.cpu}.json"
+  t0 = time.perf_counter()
+  table = build_table(args.cpu, progress=args.progress)
+  try:
+    write_table(table, out)
+  except OSError as e:
+    raise CliError(f"cannot write {out}: {e.strerror}") from None
+  _say(f"{args.cpu}: {len(table['opcodes'])} opcodes, {len(table.get('unsupported', {}))} "
+       f"unsupported, {time.perf_counter() - t0:.0f} s -> {out}")
+  return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+  import numpy as np
+
+  from diffsim.data import metrics
+
+  table = _load_table(args.params)
+  mcpu = args.mcpu or table.layout.cpu
+  if not mcpu:
+    raise CliError(f"--params {args.params} names no CPU; pass --mcpu")
+  path, rows = _read_rows(args)
+  t0 = time.perf_counter()
+  blocks = _decode(rows, args.progress)
+  t_decode = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  mca = _mca_predict(blocks, mcpu, args.iterations, args.throughput, args.progress)
+  t_mca = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  sim = _sim_predict(table, blocks, args.iterations, args.throughput, args.progress)
+  t_sim = time.perf_counter() - t0
+
+  a = np.array([math.nan if v is None else v for v, _ in sim], np.float64)
+  b = np.array([math.nan if v is None else v for v, _ in mca], np.float64)
+  # llvm-mca is the reference here; a zero steady-state figure has no relative error.
+  both = np.isfinite(a) & np.isfinite(b) & (b > 0)
+  s = metrics.summary(a[both], b[both])
+  # Both sides scale the same integer cycle counts, so equal counts agree to rounding.
+  exact = float(np.mean(np.isclose(a[both], b[both], rtol=1e-12, atol=0))) if both.any() \
+    else math.nan
+  decoded = [not isinstance(x, Exception) for x in blocks]
+  n_dec = sum(decoded)
+  sim_fail = sum(ok and v is None for ok, (v, _) in zip(decoded, sim))
+  mca_fail = sum(ok and v is None for ok, (v, _) in zip(decoded, mca))
+
+  def rate(t: float) -> str:
+    return f"{n_dec / t:10.1f}" if t > 0 and n_dec else "       n/a"
+
+  print(f"{path}: diffsim --params {args.params} vs llvm-mca -mcpu={mcpu} "
+        f"({args.throughput}, {args.iterations} iterations)")
+  print(f"  blocks               {len(rows)} ({n_dec} decoded; diffsim failed on "
+        f"{sim_fail}, llvm-mca on {mca_fail})")
+  print(f"  compared             {s['n']}")
+  print(f"  exactly equal        {_pct(exact)}")
+  print(f"  within 1%            {_pct(s['within_1pct'])}")
+  print(f"  within 5%            {_pct(s['within_5pct'])}")
+  print(f"  MAPE                 {_pct(s['mape'])}  (diffsim relative to llvm-mca)")
+  print(f"  {'':21}{'wall s':>8} {'blocks/s':>10}")
+  print(f"  {'decode (shared)':21}{t_decode:8.2f} {rate(t_decode)}")
+  print(f"  {'llvm-mca 14':21}{t_mca:8.2f} {rate(t_mca)}")
+  print(f"  {'diffsim (JAX)':21}{t_sim:8.2f} {rate(t_sim)}  (includes compiling)")
+  if args.output:
+    f = _open_out(args.output)
+    try:
+      w = csv.writer(f, lineterminator="\n")
+      w.writerow(["hex", "diffsim", "llvm_mca", "error"])
+      for row, (v1, e1), (v2, e2) in zip(rows, sim, mca):
+        errs = "; ".join(dict.fromkeys(e for e in (e1, e2) if e))
+        w.writerow([_hex_field(row), _fmt(v1), _fmt(v2), errs])
+    finally:
+      if f is not sys.stdout:
+        f.close()
+  return 0
+
+
+# ---------------------------------------------------------------------------------
+# Argument parsing.
+
+
+def _positive_int(s: str) -> int:
+  try:
+    v = int(s)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
+  if v < 1:
+    raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+  return v
+
+
+def _add_input(p: argparse.ArgumentParser) -> None:
+  p.add_argument("input", nargs="?", metavar="IN.csv",
+                 help="BHive-format CSV: hex in column 1; header and more columns optional")
+  p.add_argument("--shipped", metavar="NAME",
+                 help="read a dataset shipped with diffsim instead (mca-small, zen5-small)")
+  p.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N rows")
+  p.add_argument("--progress", action="store_true", default=None,
+                 help="progress bars on stderr (default: when stderr is a terminal)")
+
+
+def _add_run(p: argparse.ArgumentParser, throughput: str) -> None:
+  p.add_argument("--iterations", type=_positive_int, default=100, metavar="N",
+                 help="iterations simulated (default 100)")
+  p.add_argument("--throughput", choices=("total", "steady"), default=throughput,
+                 help="total: Total Cycles x 100/N; steady: 100 x (cycles(2N) - "
+                      f"cycles(N)) / N (default {throughput})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The argument parser of the `diffsim` command (one subparser per subcommand)."""
+  ap = argparse.ArgumentParser(
+    prog="diffsim",
+    description="llvm-mca's x86-64 basic-block pipeline model in JAX. Throughputs are "
+                "in cycles per 100 iterations, as in BHive files.")
+  sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+  p = sub.add_parser("decode", help="decode blocks to JSON lines (one per input row)")
+  _add_input(p)
+  p.add_argument("-o", "--output", metavar="OUT.jsonl", help="output file (default stdout)")
+  p.set_defaults(func=cmd_decode)
+
+  p = sub.add_parser("mca", help="run llvm-mca 14 on every block")
+  _add_input(p)
+  p.add_argument("--mcpu", required=True, metavar="CPU", help="llvm-mca -mcpu")
+  _add_run(p, "total")
+  p.add_argument("-o", "--output", metavar="OUT.csv", help="output CSV (default stdout)")
+  p.set_defaults(func=cmd_mca)
+
+  p = sub.add_parser("simulate", help="run the JAX simulator on every block")
+  _add_input(p)
+  p.add_argument("--params", required=True, metavar="CPU_OR_FILE.json",
+                 help="a shipped table (haswell, skylake, znver3) or a JSON table file")
+  _add_run(p, "total")
+  p.add_argument("-o", "--output", metavar="OUT.csv", help="output CSV (default stdout)")
+  p.set_defaults(func=cmd_simulate)
+
+  p = sub.add_parser("eval", help="accuracy against a labelled BHive file")
+  _add_input(p)
+  p.add_argument("--params", metavar="CPU_OR_FILE.json", help="the simulator's table")
+  p.add_argument("--mca", metavar="CPU", help="evaluate llvm-mca -mcpu=CPU instead")
+  p.add_argument("--json", action="store_true",
+                 help="print one JSON object: mape, kendall_tau, within_5pct, n, n_failed")
+  # Measured labels are steady-state throughputs, hence the default.
+  _add_run(p, "steady")
+  p.set_defaults(func=cmd_eval)
+
+  p = sub.add_parser("compare", help="the simulator against llvm-mca on the same blocks")
+  _add_input(p)
+  p.add_argument("--params", required=True, metavar="CPU_OR_FILE.json",
+                 help="the simulator's table")
+  p.add_argument("--mcpu", metavar="CPU", help="llvm-mca's CPU (default: the table's CPU)")
+  _add_run(p, "total")
+  p.add_argument("-o", "--output", metavar="OUT.csv",
+                 help="also write hex,diffsim,llvm_mca,error per row")
+  p.set_defaults(func=cmd_compare)
+
+  p = sub.add_parser("params", help="build a parameter table from an llvm-mca CPU model")
+  p.add_argument("cpu", nargs="?", metavar="CPU", help="llvm-mca -mcpu name")
+  p.add_argument("-o", "--output", metavar="FILE.json", help="output (default CPU.json)")
+  p.add_argument("--list", action="store_true",
+                 help="list llvm-mca's CPU models and the shipped tables")
+  p.add_argument("--progress", action="store_true", default=None,
+                 help="log steps on stderr (default: when stderr is a terminal)")
+  p.set_defaults(func=cmd_params)
+  return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Runs the `diffsim` command.
+
+  Args:
+    argv: the arguments after the program name (default: `sys.argv[1:]`).
+
+  Returns:
+    The exit status: 0 on success (bad rows included), 2 for unusable input.
+  """
+  args = build_parser().parse_args(argv)
+  if getattr(args, "progress", None) is None:
+    args.progress = sys.stderr.isatty()
+  _put_llvm14_on_path()
+  try:
+    return args.func(args)
+  except CliError as e:
+    _say(f"diffsim {args.command}: error: {e}")
+    return 2
+  except BrokenPipeError:
+    # `diffsim decode ... | head`: the reader left; that is not an error.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0
+  except KeyboardInterrupt:
+    _say("interrupted")
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,51 @@
+"""Repo-wide test configuration: JAX strictness, LLVM 14 lookup, shared-data skips.
+
+Runs before any test module is imported, so the settings below also hold for
+module-level `skipif` checks and for the notebook kernels nbmake starts (they inherit
+this process's environment).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+import pytest
+
+from diffsim.cli import _put_llvm14_on_path
+
+# Silent broadcasting between arrays of different rank is a bug in this codebase
+# (style.md 6): make it fail loudly in every test.
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+# Debian's llvm-14 package alone puts its tools in /usr/lib/llvm-14/bin (and on PATH as
+# `llvm-mc-14`); modules that call `llvm-mc` by its plain name must find the same
+# LLVM 14 as `diffsim.mca` does, here as in the `diffsim` command.
+_put_llvm14_on_path()
+
+# Tests must not fill the user's ~/.cache with compiled programs (the `diffsim`
+# command keeps a persistent compile cache there by default).
+os.environ.setdefault("DIFFSIM_CACHE_DIR", "off")
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+  """The shared data folder (`bhive/`, `measured/`, `mca/`); skips the test without it."""
+  from diffsim.data import shared_data_dir
+
+  path = shared_data_dir()
+  if path is None:
+    pytest.skip("no shared data folder (set DIFFSIM_SHARED or check out ../shared/data)")
+  return path
+
+
+@pytest.fixture(scope="session")
+def llvm14() -> dict[str, str]:
+  """Paths of LLVM 14's llvm-mc and llvm-mca; skips the test when either is missing."""
+  from diffsim.mca import find_llvm_tool
+
+  try:
+    return {name: find_llvm_tool(name) for name in ("llvm-mc", "llvm-mca")}
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
