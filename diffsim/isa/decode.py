@@ -101,7 +101,19 @@ __all__ = [
 ]
 
 # The llvm-mc executable; override for a non-Debian LLVM 14 install.
-LLVM_MC = os.environ.get("DIFFSIM_LLVM_MC", "llvm-mc")
+def _llvm_mc() -> str:
+  """LLVM 14's llvm-mc: $DIFFSIM_LLVM_MC, else wherever Debian's packages put it."""
+  if os.environ.get("DIFFSIM_LLVM_MC"):
+    return os.environ["DIFFSIM_LLVM_MC"]
+  from diffsim.mca.tools import find_llvm_tool
+
+  try:
+    return find_llvm_tool("llvm-mc")
+  except FileNotFoundError:
+    return "llvm-mc"  # the error below names it
+
+
+LLVM_MC = _llvm_mc()
 
 # Failure categories (`DecodeError.reason`), stable across releases.
 REASONS = {

@@ -22,9 +22,18 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 
-LLVM_MC = "llvm-mc"
-LLVM_MCA = "llvm-mca"
-LLVM_EXEGESIS = "llvm-exegesis"
+def _tool(name: str) -> str:
+  from diffsim.mca.tools import find_llvm_tool
+
+  try:
+    return find_llvm_tool(name)
+  except FileNotFoundError:
+    return name  # available() then reports it missing
+
+
+LLVM_MC = _tool("llvm-mc")
+LLVM_MCA = _tool("llvm-mca")
+LLVM_EXEGESIS = _tool("llvm-exegesis")
 TRIPLE = "x86_64-unknown-linux-gnu"
 
 

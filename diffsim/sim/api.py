@@ -186,22 +186,50 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
       jobs.append((L, ids[s:s + batch_size]))
   bar = _progress(len(jobs), progress)
   for L, ids in jobs:
-    batch = encode([blocks[i] for i in ids], idx, length=L)
+    ids, batch = _encode_or_report(blocks, ids, idx, L, out)
+    if not ids:
+      bar.update(1)
+      continue
+    m = len(ids)
     if throughput == "total":
-      cyc, ovf = simulate(table, batch, iterations)
-      vals = cyc * (100.0 / iterations)
+      its = np.full(m, iterations)
+    else:  # the same blocks twice: N and 2N iterations
+      batch = jax.tree.map(lambda x: np.concatenate([x, x]), batch)
+      its = np.concatenate([np.full(m, iterations), np.full(m, 2 * iterations)])
+    # Pad to a power of two (repeating the cheapest block) so that few batch shapes,
+    # hence few compilations, ever occur.
+    size = max(8, 1 << (len(its) - 1).bit_length())
+    batch = jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[:1], size - len(its), 0)]),
+                         batch)
+    cyc, ovf = simulate(table, batch, np.concatenate([its, np.full(size - len(its), its[0])]))
+    if throughput == "total":
+      vals, ovf = cyc[:m] * (100.0 / iterations), ovf[:m]
     else:
-      both = jax.tree.map(lambda x: np.concatenate([x, x]), batch)
-      its = np.concatenate([np.full(len(ids), iterations), np.full(len(ids), 2 * iterations)])
-      cyc, ovf2 = simulate(table, both, its)
-      vals = 100.0 * (cyc[len(ids):] - cyc[:len(ids)]) / iterations
-      ovf = ovf2[:len(ids)] | ovf2[len(ids):]
+      vals = 100.0 * (cyc[m:2 * m] - cyc[:m]) / iterations
+      ovf = ovf[:m] | ovf[m:2 * m]
     for i, v, o in zip(ids, vals, ovf):
       out[i] = (Prediction(None, "did not finish within the cycle budget") if o
                 else Prediction(float(v)))
     bar.update(1)
   bar.close()
   return out  # type: ignore[return-value]
+
+
+def _encode_or_report(blocks, ids, idx, L, out):
+  """Encodes blocks[ids]; a block that cannot be encoded gets its error row instead."""
+  try:
+    return ids, encode([blocks[i] for i in ids], idx, length=L)
+  except (KeyError, ValueError):
+    good = []
+    for i in ids:
+      try:
+        encode([blocks[i]], idx, length=L)
+        good.append(i)
+      except (KeyError, ValueError) as e:
+        out[i] = Prediction(None, f"encode: {e}")
+    if not good:
+      return [], None
+    return good, encode([blocks[i] for i in good], idx, length=L)
 
 
 def _progress(total: int, enabled: bool):
