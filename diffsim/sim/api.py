@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-from diffsim.isa.encode import BUCKETS, BlockBatch, encode, table_key
+from diffsim.isa.encode import BUCKETS, BlockBatch, encode, renaming_for, table_key
 from diffsim.isa.ir import Block
 from diffsim.params.table import Layout, Params, Structure, Table
 from diffsim.sim.facts import gather
-from diffsim.sim.pipeline import run_block
+from diffsim.sim.pipeline import run_block, run_queue
 
 DEFAULT_MAX_CYCLES = 1 << 20
 
@@ -46,18 +46,20 @@ def _run_one(params, structure, layout, window, max_cycles, fast_forward, block,
                    fast_forward=fast_forward)
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles", "fast_forward"))
+@functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles", "fast_forward",
+                                             "slots"))
 def _simulate(params, structure, batch, iterations, *, layout, window, max_cycles,
-              fast_forward):
-  run = functools.partial(_run_one, params, structure, layout, window, max_cycles,
-                          fast_forward)
+              fast_forward, slots):
   mesh = _mesh()
   spec = PartitionSpec("blocks")
+  members = jnp.asarray(layout.group_members, jnp.int32)
 
   @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec),
                      out_specs=(spec, spec), check_vma=False)
   def sharded(batch, iterations):
-    return jax.vmap(run)(batch, iterations)
+    facts = jax.vmap(lambda b: gather(params, structure, layout, b))(batch)
+    return run_queue(facts, params, members, iterations, slots=slots, window=window,
+                     max_cycles=max_cycles, fast_forward=fast_forward)
 
   return sharded(batch, iterations)
 
@@ -73,7 +75,8 @@ def _pad_batch(batch: BlockBatch, iterations, multiple: int):
 
 
 def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100, *,
-             fast_forward: bool = True, max_cycles: int = DEFAULT_MAX_CYCLES):
+             fast_forward: bool = True, max_cycles: int = DEFAULT_MAX_CYCLES,
+             slots: int = 128):
   """Total Cycles of each block, llvm-mca's convention, in hard (exact) mode.
 
   Args:
@@ -82,6 +85,8 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
     iterations: scalar or [B] int: how often each block is repeated.
     fast_forward: jump over exactly repeating iterations (same result, faster).
     max_cycles: static cycle budget; blocks that exceed it are flagged.
+    slots: blocks simulated side by side per device; finished slots take the next
+      block, so a batch costs the sum of its blocks' cycles, not B x the slowest.
 
   Returns:
     (cycles [B] int32, overflow [B] bool) as numpy arrays.
@@ -93,7 +98,7 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
   cycles, overflow = _simulate(
       table.params, table.structure, batch_p, its_p, layout=table.layout,
       window=window_for(np.asarray(table.params.rob_size)), max_cycles=max_cycles,
-      fast_forward=fast_forward)
+      fast_forward=fast_forward, slots=slots)
   return np.asarray(cycles)[:B], np.asarray(overflow)[:B]
 
 
@@ -137,7 +142,7 @@ def cost_estimate(table: Table, block: Block) -> float:
 
 
 def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterations: int = 100,
-                    throughput: str = "total", batch_size: int = 256,
+                    throughput: str = "total", batch_size: int = 1024,
                     progress: bool = False) -> list[Prediction]:
   """Simulates decoded blocks; each result or error lands at its block's position.
 
@@ -181,12 +186,13 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
     runnable.setdefault(L, []).append(i)
   jobs = []
   for L, ids in sorted(runnable.items()):
-    ids.sort(key=lambda i: cost_estimate(table, blocks[i]))
+    # Most expensive first, so that the queue's last blocks are short ones.
+    ids.sort(key=lambda i: -cost_estimate(table, blocks[i]))
     for s in range(0, len(ids), batch_size):
       jobs.append((L, ids[s:s + batch_size]))
   bar = _progress(len(jobs), progress)
   for L, ids in jobs:
-    ids, batch = _encode_or_report(blocks, ids, idx, L, out)
+    ids, batch = _encode_or_report(blocks, ids, idx, L, out, renaming_for(table))
     if not ids:
       bar.update(1)
       continue
@@ -196,12 +202,12 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
     else:  # the same blocks twice: N and 2N iterations
       batch = jax.tree.map(lambda x: np.concatenate([x, x]), batch)
       its = np.concatenate([np.full(m, iterations), np.full(m, 2 * iterations)])
-    # Pad to a power of two (repeating the cheapest block) so that few batch shapes,
-    # hence few compilations, ever occur.
+    # Pad to a power of two with zero-iteration copies (they finish at once) so that
+    # few batch shapes, hence few compilations, ever occur.
     size = max(8, 1 << (len(its) - 1).bit_length())
     batch = jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[:1], size - len(its), 0)]),
                          batch)
-    cyc, ovf = simulate(table, batch, np.concatenate([its, np.full(size - len(its), its[0])]))
+    cyc, ovf = simulate(table, batch, np.concatenate([its, np.zeros(size - len(its), int)]))
     if throughput == "total":
       vals, ovf = cyc[:m] * (100.0 / iterations), ovf[:m]
     else:
@@ -215,21 +221,21 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
   return out  # type: ignore[return-value]
 
 
-def _encode_or_report(blocks, ids, idx, L, out):
+def _encode_or_report(blocks, ids, idx, L, out, renaming=None):
   """Encodes blocks[ids]; a block that cannot be encoded gets its error row instead."""
   try:
-    return ids, encode([blocks[i] for i in ids], idx, length=L)
+    return ids, encode([blocks[i] for i in ids], idx, length=L, renaming=renaming)
   except (KeyError, ValueError):
     good = []
     for i in ids:
       try:
-        encode([blocks[i]], idx, length=L)
+        encode([blocks[i]], idx, length=L, renaming=renaming)
         good.append(i)
       except (KeyError, ValueError) as e:
         out[i] = Prediction(None, f"encode: {e}")
     if not good:
       return [], None
-    return good, encode([blocks[i] for i in good], idx, length=L)
+    return good, encode([blocks[i] for i in good], idx, length=L, renaming=renaming)
 
 
 def _progress(total: int, enabled: bool):
@@ -264,7 +270,7 @@ def timeline(table: Table, block: Block, iterations: int = 10):
     (total cycles, [iterations, len(block), 3] int array of the dispatch, issue and
     retire cycle of every dynamic instruction).
   """
-  batch = encode([block], table.layout.index)
+  batch = encode([block], table.layout.index, renaming=renaming_for(table))
   n = len(block.instrs)
   cycles, _, trace = _timeline(table.params, table.structure, batch, jnp.int32(iterations),
                                layout=table.layout,

@@ -36,7 +36,7 @@ def dispatch(state: State, facts: Facts, g) -> State:
     ok &= ~(facts.begin_group[c] & (slots != width))
     ok &= g["rob_size"] - state.rob_used >= facts.rob_cost[c]
     cap = g["prf_size"]
-    ok &= jnp.all((cap == 0) | (state.prf_used + facts.prf_cost[c] <= cap))
+    ok &= jnp.all((cap == 0) | (state.prf_used + facts.prf_need[c] <= cap))
     ok &= jnp.all(~facts.buffers[c] | (state.rs_used < g["buffer_size"]))
     ok &= (g["load_queue"] == 0) | ~facts.may_load[c] | (state.lq_used < g["load_queue"])
     ok &= (g["store_queue"] == 0) | ~facts.may_store[c] | (state.sq_used < g["store_queue"])
@@ -70,6 +70,7 @@ def dispatch(state: State, facts: Facts, g) -> State:
         sq_used=state.sq_used + facts.may_store[c].astype(jnp.int32),
         prf_used=state.prf_used + facts.prf_cost[c],
         issue_t=state.issue_t.at[slot].set(jnp.where(now, t, BIG)),
+        issued=state.issued + now.astype(jnp.int32),
         ready_t=state.ready_t.at[slot].set(jnp.maximum(operands, t + 1)),
         pending=state.pending.at[slot].set(pend),
         users=users.at[slot].set(0),

@@ -211,7 +211,8 @@ def _round(state: State, facts: Facts, members, tried):
               jnp.where(issued, slots, W)].set(True, mode="drop"))
           | (jnp.sum(cand & ~tried) > 0))
   state = state.replace(busy_until=busy, seq=seq, skip=skip, reserved_until=reserved_until,
-                        issue_t=issue_t, rs_used=rs_used, ready_t=ready_t, pending=pending)
+                        issue_t=issue_t, rs_used=rs_used, ready_t=ready_t, pending=pending,
+                        issued=state.issued + jnp.sum(issued).astype(jnp.int32))
   if state.trace.shape[0]:  # static: only when a timeline was asked for
     state = state.replace(trace=state.trace.at[
         jnp.where(issued, dyn_k, state.trace.shape[0]), 1].set(t, mode="drop"))

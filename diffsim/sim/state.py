@@ -47,6 +47,7 @@ class State:
   rob_cost: jax.Array  # [W] int32: ROB entries it holds
   prf_cost: jax.Array  # [W, F] int32: physical registers it holds
   overflow: jax.Array  # [] bool: ran past the cycle budget (result invalid)
+  issued: jax.Array  # [] int32: instructions issued so far (to detect idle cycles)
   trace: jax.Array  # [T, 3] int32: dispatch/issue/retire cycle of the first T instructions
 
 
@@ -67,7 +68,7 @@ def init(total, num_units: int, group_members, num_resources: int, num_files: in
       latency=jnp.zeros(window, jnp.int32), flags=jnp.zeros(window, jnp.int32),
       rob_cost=jnp.zeros(window, jnp.int32),
       prf_cost=jnp.zeros((window, num_files), jnp.int32),
-      overflow=jnp.zeros((), bool), trace=jnp.full((trace, 3), -1, jnp.int32))
+      overflow=jnp.zeros((), bool), issued=z, trace=jnp.full((trace, 3), -1, jnp.int32))
 
 
 def slot_dyn(state: State) -> jax.Array:
