@@ -20,14 +20,18 @@ import resource
 import sys
 import time
 
-import jax
-import numpy as np
+from diffsim.cli import use_all_cores
 
-from diffsim.data import shared_data_dir, shipped
-from diffsim.isa import decode_blocks
-from diffsim.mca import llvm_version, run_mca
-from diffsim.params.table import load_table
-from diffsim.sim import simulate_blocks
+use_all_cores()  # one XLA CPU device per core, before JAX starts
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from diffsim.data import shared_data_dir, shipped  # noqa: E402
+from diffsim.isa import decode_blocks  # noqa: E402
+from diffsim.mca import llvm_version, run_mca  # noqa: E402
+from diffsim.params.table import load_table  # noqa: E402
+from diffsim.sim import simulate_blocks  # noqa: E402
 
 
 def sample_hexes(n: int, seed: int = 0) -> tuple[list[str], str]:

@@ -67,6 +67,19 @@ def _put_llvm14_on_path() -> None:
   os.environ["PATH"] = os.pathsep.join([str(folder), os.environ.get("PATH", "")])
 
 
+def use_all_cores() -> None:
+  """Gives XLA's CPU backend one device per core, before JAX starts.
+
+  The simulator shards blocks over local devices, and each device runs its own cycle
+  loop on its own thread; on a CPU-only machine that is how both cores get used.
+  Has no effect once JAX is initialised, nor when XLA_FLAGS already sets a count.
+  """
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in flags:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={cores or 1}"
+
+
 def _enable_compile_cache() -> None:
   """Keeps compiled simulator programs on disk between runs.
 
@@ -586,6 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   if getattr(args, "progress", None) is None:
     args.progress = sys.stderr.isatty()
   _put_llvm14_on_path()
+  use_all_cores()
   try:
     return args.func(args)
   except CliError as e:

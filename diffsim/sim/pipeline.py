@@ -57,6 +57,25 @@ def next_event(state: State) -> jax.Array:
   return jnp.min(jnp.where(times >= t, times, BIG))
 
 
+def advance(state: State, memory, facts: Facts, members, g, fast_forward: bool):
+  """One cycle, then skip idle cycles and fast-forward repeating iterations."""
+  before = state.next
+  marks = (state.head, state.next, state.issued, state.carry)
+  state = step(state, facts, members, g)
+  # Idle: nothing retired, issued or dispatched, and no wide instruction dispatching.
+  idle = ((state.head == marks[0]) & (state.next == marks[1]) & (state.issued == marks[2])
+          & (marks[3] == 0) & (state.carry == 0))
+  state = state.replace(t=jnp.where(idle, jnp.maximum(state.t, next_event(state)), state.t))
+  if fast_forward:
+    state, memory = period.fast_forward(state, memory, before, facts.n)
+  return state, memory
+
+
+def running(state: State, max_cycles: int):
+  """[] bool: the block still has instructions in flight or to dispatch."""
+  return (state.head < state.total) & (state.t < max_cycles)
+
+
 def run_block(facts: Facts, params, members, iterations, *, window: int, max_cycles: int,
               fast_forward: bool = True, trace: int = 0):
   """Total cycles for `iterations` iterations of one block (llvm-mca's Total Cycles).
@@ -70,25 +89,9 @@ def run_block(facts: Facts, params, members, iterations, *, window: int, max_cyc
   state = init(facts.n * iterations, U, members, params.buffer_size.shape[0],
                params.prf_size.shape[0], window, trace)
 
-  def running(carry):
-    state, _ = carry
-    return (state.head < state.total) & (state.t < max_cycles)
-
-  def cycle(carry):
-    state, memory = carry
-    before = state.next
-    marks = (state.head, state.next, state.issued, state.carry)
-    state = step(state, facts, members, g)
-    # Skip idle cycles: nothing retired, issued or dispatched, no wide instruction
-    # still dispatching.
-    idle = ((state.head == marks[0]) & (state.next == marks[1]) & (state.issued == marks[2])
-            & (marks[3] == 0) & (state.carry == 0))
-    state = state.replace(t=jnp.where(idle, jnp.maximum(state.t, next_event(state)), state.t))
-    if fast_forward:
-      state, memory = period.fast_forward(state, memory, before, facts.n)
-    return state, memory
-
-  state, _ = lax.while_loop(running, cycle, (state, period.init_memory()))
+  state, _ = lax.while_loop(
+      lambda c: running(c[0], max_cycles),
+      lambda c: advance(*c, facts, members, g, fast_forward), (state, period.init_memory()))
   overflow = state.head < state.total
   if trace:
     return state.last_retire + 1, overflow, state.trace
@@ -125,22 +128,10 @@ def run_queue(all_facts: Facts, params, members, iterations, *, slots: int, wind
                  members, params.buffer_size.shape[0], params.prf_size.shape[0], window)
     return facts, state, period.init_memory()
 
-  def running(state):
-    return (state.head < state.total) & (state.t < max_cycles)
-
-  def cycle(facts, state, memory):
-    before = state.next
-    marks = (state.head, state.next, state.issued, state.carry)
-    new = step(state, facts, members, g)
-    idle = ((new.head == marks[0]) & (new.next == marks[1]) & (new.issued == marks[2])
-            & (marks[3] == 0) & (new.carry == 0))
-    new = new.replace(t=jnp.where(idle, jnp.maximum(new.t, next_event(new)), new.t))
-    new_memory = memory
-    if fast_forward:
-      new, new_memory = period.fast_forward(new, memory, before, facts.n)
-    go = running(state)
-    keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(go, x, y), a, b)  # noqa: E731
-    return keep(new, state), keep(new_memory, memory)
+  def cycle(facts, state, memory):  # a finished slot stands still until refilled
+    new = advance(state, memory, facts, members, g, fast_forward)
+    go = running(state, max_cycles)
+    return jax.tree.map(lambda x, y: jnp.where(go, x, y), new, (state, memory))
 
   slot_block = jnp.arange(S, dtype=jnp.int32)
   facts, state, memory = jax.vmap(start)(slot_block)
@@ -155,7 +146,7 @@ def run_queue(all_facts: Facts, params, members, iterations, *, slots: int, wind
 
     state, memory = lax.fori_loop(0, refill_every, inner, (state, memory))
     active = slot_block < N
-    done = active & ~jax.vmap(running)(state)
+    done = active & ~jax.vmap(lambda s: running(s, max_cycles))(state)
     target = jnp.where(done, slot_block, N)
     cycles = cycles.at[target].set(state.last_retire + 1, mode="drop")
     overflow = overflow.at[target].set(state.head < state.total, mode="drop")
