@@ -56,7 +56,8 @@ Simplifications, chosen on purpose:
 * RIP and segment registers are not dataflow (an FS/GS override is kept in
   `Mem.segment`).
 * Operand roles: explicit register operands `op0, op1, ...` by iced's (Intel) operand
-  index, the EVEX opmask `mask`, address registers `base`/`index`, everything else
+  index, the EVEX opmask `mask`, address registers `base`/`index` (also of hint nops
+  such as `nopl (%rax)`, which iced says access nothing), everything else
   `implicit` (sorted by register name), then `flags`. Implicit operands are found by
   subtracting the explicit ones from iced's register list, counting multiplicity,
   so `div %eax` still has its implicit RAX read and `push %rsp` its implicit RSP
@@ -218,6 +219,10 @@ _X87_IGNORES_FPCW = {"fabs", "fchs", "fxam", "ffree", "ffreep", "fincstp", "fdec
 _X87_NO_EFLAGS_READ = {"fcmovb", "fcmove", "fcmovbe", "fcmovu", "fcmovnb", "fcmovne",
                        "fcmovnbe", "fcmovnu"}
 
+# Sign-splitting instructions (`cltd`: EDX:EAX = sext(EAX)) and the width of the
+# accumulator LLVM says they define.
+_SIGN_SPLIT = {"cwd": 16, "cdq": 32, "cqo": 64}
+
 # Interned IR atoms: the same (reg, role, width) recurs hundreds of thousands of times.
 _read_pool: dict[tuple[str, str, int], Read] = {}
 _write_pool: dict[tuple[str, str, bool, int], Write] = {}
@@ -353,16 +358,35 @@ def _register_facts(ins, info, idioms_too: bool = True) -> _RegFacts:
     full = _FULL[ins.op_mask]
     reads.append(_read(full, "mask", _WIDTH[ins.op_mask]))
     r_left[full] = r_left.get(full, 0) - 1
-  # Address registers: also for `lea` (its access is NO_MEM_ACCESS), not for `nopl
-  # (%rax)` (iced marks that operand unused and lists no register for it).
+  # Address registers: also for `lea` (its access is NO_MEM_ACCESS) and for `nopl
+  # (%rax)`: iced marks that operand unused and lists no register for it, but LLVM's
+  # memory operands are register uses, so llvm-mca makes the nop wait for them.
   if has_mem:
     for reg, role in ((ins.memory_base, "base"), (ins.memory_index, "index")):
       full = _FULL[reg]
       if full is not None and r_left.get(full, 0) > 0:
         reads.append(_read(full, role, _WIDTH[reg]))
         r_left[full] -= 1
+  elif n_mem:
+    for reg, role in ((ins.memory_base, "base"), (ins.memory_index, "index")):
+      full = _FULL[reg]
+      if full is not None:
+        reads.append(_read(full, role, _WIDTH[reg]))
   implicit_r = {r: r_width[r] for r, c in r_left.items() if c > 0}
   implicit_w = {r: w_width[r] for r, c in w_left.items() if c > 0}
+  if mnemonic == "leave":
+    # LLVM's LEAVE64 uses RSP as well as RBP (iced lists only RBP, since the old
+    # RSP is overwritten); llvm-mca makes `leave` wait for the last RSP writer.
+    implicit_r.setdefault("RSP", 64)
+  elif mnemonic == "vzeroupper":
+    # LLVM's VZEROUPPER only defines YMM0-15 (iced: reads and writes them, as the
+    # lower halves survive), so llvm-mca never makes it wait.
+    implicit_r = {r: w for r, w in implicit_r.items() if not r.startswith(("ZMM", "YMM"))}
+  elif mnemonic in _SIGN_SPLIT and "RAX" not in implicit_w:
+    # LLVM's CWD/CDQ/CQO define the accumulator as well as RDX (iced: RDX only), so
+    # its readers wait for them.
+    implicit_w["RAX"] = _SIGN_SPLIT[mnemonic]
+    full_width["RAX"] = _SIGN_SPLIT[mnemonic] >= 32
 
   fr, fw = ins.rflags_read, ins.rflags_modified
   flags_read = bool(fr & _STATUS_FLAGS)

@@ -9,6 +9,12 @@ read also depends on the writer before it, and so on back to a full write
 and each producer at most C out (its consumers, the same edges seen from the other
 end, which the simulator uses to wake readers up).
 
+CPUs with register files (`Renaming`, Zen 3) rename registers the way llvm-mca's
+RegisterFile does, which changes the edges (`rename_dependencies`): an 8/16-bit GPR
+write replaces the whole register's mapping and waits for the previous writer instead
+(a write-after-write edge), and an eliminated register move creates an alias, so that
+readers of its destination link to the current writer of its source.
+
 Blocks are padded to a bucket length L (a few sizes, so that only a handful of
 programs compile) with a `valid` mask. Shapes: B blocks, L instructions, D deps per
 instruction, C consumers per instruction.
@@ -22,11 +28,16 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from diffsim.isa import idioms
 from diffsim.isa.ir import FLAGS, Block
 from diffsim.params.table import READ_CLASSES, WRITE_ROLES
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
 DEP_BUCKETS = (4, 8, 16, 32, 64)
+# `dep_last` of an edge that holds from `dep_first` on.
+ALWAYS = 1 << 20
+# Writes per instruction that physical-register accounting sees (`vzeroall` has 16).
+MAX_WRITES = 16
 GPR = {"RAX", "RBX", "RCX", "RDX", "RSI", "RDI", "RBP", "RSP"} | {f"R{i}" for i in range(8, 16)}
 
 
@@ -42,11 +53,17 @@ class BlockBatch:
   dep_role: np.ndarray  # [B, L, D] int32: producer's write role (WRITE_ROLES)
   dep_class: np.ndarray  # [B, L, D] int32: reader's read class (READ_CLASSES)
   dep_valid: np.ndarray  # [B, L, D] bool
+  dep_waw: np.ndarray  # [B, L, D] int32: -1 for a read; else a false dependency of the
+  #                      consumer's write with this role (WRITE_ROLES) on the producer's
+  dep_first: np.ndarray  # [B, L, D] int32: first iteration of the consumer with this edge
+  dep_last: np.ndarray  # [B, L, D] int32: first iteration without it again (ALWAYS: none)
   use_dst: np.ndarray  # [B, L, C] int32: consumer's index in the block
   use_dist: np.ndarray  # [B, L, C] int32: iterations from producer to consumer
   use_edge: np.ndarray  # [B, L, C] int32: the edge's slot d in the consumer's deps
   use_valid: np.ndarray  # [B, L, C] bool
-  write_kind: np.ndarray  # [B, L, 8] int32: register kind of each write (REG_KINDS), -1 none
+  write_kind: np.ndarray  # [B, L, W] int32: register kind of each write (REG_KINDS), -1 none
+  write_alloc: np.ndarray  # [B, L, W] bool: the write takes a physical register
+  eliminated: np.ndarray  # [B, L] bool: a register move eliminated at dispatch
   loads: np.ndarray  # [B, L] bool: the decoder's view (tables carry llvm-mca's)
   stores: np.ndarray  # [B, L] bool
 
@@ -113,6 +130,9 @@ def dependencies(block: Block) -> list[list[tuple[int, int, int, int]]]:
   for c, ins in enumerate(block.instrs):
     mine = []
     for r in ins.reads:
+      # One edge per (read, writer): llvm-mca counts every register read as a user
+      # of its writer (the issue priority), so two reads of one register are two.
+      edges = []
       cls = _read_class(r)
       # Walk back through the looped block to the last writer, and past partial
       # writers to the full write whose value they merge into.
@@ -124,8 +144,8 @@ def dependencies(block: Block) -> list[list[tuple[int, int, int, int]]]:
           continue
         w = hit[0]
         edge = (p % n, 1 if p < 0 else 0, _write_role(w), cls)
-        if edge not in mine:
-          mine.append(edge)
+        if edge not in edges:
+          edges.append(edge)
         if not w.merge:
           break
         # A partial write that covers every bit the read needs ends the walk too:
@@ -133,8 +153,260 @@ def dependencies(block: Block) -> list[list[tuple[int, int, int, int]]]:
         need, wrote = getattr(r, "width", 0), getattr(w, "width", 0)
         if need and wrote and wrote >= need:
           break
+      mine += edges
     deps.append(mine)
   return deps
+
+
+@dataclasses.dataclass(frozen=True)
+class Renaming:
+  """What a CPU's register files do to dependencies (llvm-mca's RegisterFile).
+
+  Attributes:
+    kinds: register kinds (REG_KINDS) that some register file renames. A GPR is
+      renamed as its 64-bit register, so an 8/16-bit write (which keeps the upper
+      bits) takes no physical register and waits for the register's previous writer
+      instead; XMM and YMM are renamed as themselves.
+    move_elim: opcode keys whose instances are eliminated at dispatch. Elimination
+      happens whenever the register file allows it; its per-cycle budget is not
+      modelled, which is exact while the budget is at least the dispatch width (Zen
+      3: 6 and 6), since every eliminated write costs a micro-op.
+  """
+
+  kinds: frozenset = frozenset()
+  move_elim: frozenset = frozenset()
+
+
+def renaming_for(table) -> Renaming | None:
+  """The Renaming of a `params.table.Table`, or None when it has no register files."""
+  kinds = frozenset(k for ks in table.layout.file_kinds for k in ks)
+  if not kinds:
+    return None
+  # The tables mark a key `move_elim` when llvm-mca eliminated it alone, so any file
+  # that eliminates moves at all will eliminate it.
+  movers = np.any(np.asarray(table.params.move_elim_per_cycle) > 0)
+  flags = np.asarray(table.structure.move_elim)
+  keys = table.layout.keys
+  elim = frozenset(keys[k] for k in np.flatnonzero(flags)) if movers else frozenset()
+  return Renaming(kinds=kinds, move_elim=elim)
+
+
+# An eliminated swap aliases both of its registers to the one llvm-mca reads first
+# (RegisterFile::tryEliminateMoveOrSwap builds the second alias from the first): the
+# second AT&T operand of XCHG*rr, the non-accumulator one of XCHG*ar (measured with
+# llvm-mca 14 timelines). The operands are read off the text, which is llvm-mc's.
+_XCHG_RR = re.compile(r"^XCHG(?:32|64)rr")
+_GPR_NAME = re.compile(r"%(?P<r>[a-z0-9]+)")
+_GPR64 = {"eax": "RAX", "ebx": "RBX", "ecx": "RCX", "edx": "RDX", "esi": "RSI", "edi": "RDI",
+          "ebp": "RBP", "esp": "RSP"}
+
+
+def _full_gpr(name: str) -> str:
+  """RAX for `eax`, R9 for `r9d`: the register an AT&T GPR name folds into."""
+  if name in _GPR64:
+    return _GPR64[name]
+  if name.startswith("r"):
+    return re.sub(r"[dwb]$", "", name).upper()
+  return name.upper()
+
+
+def _vec_level(width: int) -> int:
+  """0 for an XMM access, 1 for YMM, 2 for ZMM (llvm-mca renames each as itself)."""
+  return 0 if width <= 128 else (1 if width <= 256 else 2)
+
+
+def _move_pairs(ins, slot_of) -> list[tuple]:
+  """(source slot, destination slot) of an eliminated move, in llvm-mca's order."""
+  if len(ins.writes) == 1 and len(ins.reads) == 1:
+    r, w = ins.reads[0], ins.writes[0]
+    return [(slot_of(r.reg, r.width), slot_of(w.reg, w.width))]
+  if len(ins.writes) == 2 and len(ins.reads) == 2:
+    names = [_full_gpr(m.group("r")) for m in _GPR_NAME.finditer(ins.text)]
+    if len(names) == 2:
+      first = names[1] if _XCHG_RR.match(ins.opcode) else names[0]
+      other = names[0] if first == names[1] else names[1]
+      regs = {r.reg: r for r in ins.reads}
+      if first in regs and other in regs:
+        a, b = regs[first], regs[other]
+        # Reads[0] -> Writes[1], then Reads[1] -> Writes[0].
+        return [(slot_of(a.reg, a.width), slot_of(b.reg, b.width)),
+                (slot_of(b.reg, b.width), slot_of(a.reg, a.width))]
+  return []
+
+
+def _rename_history(block: Block, renaming: Renaming, movable: Sequence[bool] | None = None):
+  """Dependencies as llvm-mca's register files make them, and what each write costs.
+
+  Follows RegisterFile::addRegisterRead/addRegisterWrite/tryEliminateMoveOrSwap of
+  LLVM 14 over a few iterations of the looped block, until the edges repeat:
+  - A register renamed by a file maps to its last (non-eliminated) writer. A GPR is
+    one mapping (every write, at any width, replaces it); an XMM and a YMM register
+    are two, and a write that clears the upper bits (VEX) sets both, a legacy-SSE
+    write the XMM one only, so a YMM read then waits for both writers.
+  - An 8/16-bit GPR write also waits for the writer it replaces (a write-after-write
+    edge, `waw` = its own write role): it may issue once that writer has fewer
+    cycles left than the partial write's own latency. It takes no physical register.
+  - An eliminated move reads nothing and writes no mapping: it makes its
+    destination an alias of its source (of the source's alias, if it has one). A
+    reader of an aliased register links to the *current* writer of the alias
+    target, which may be younger than the move (llvm-mca's behaviour). A swap
+    aliases both registers to the one read first.
+  - Registers outside every file map to their last writer, and to the writers before
+    it while those only merged into it (`dependencies` without its width rule).
+
+  Args:
+    block: the block.
+    renaming: the CPU's register files.
+    movable: per instruction, whether its table key is in `renaming.move_elim`
+      (default: its decoder key or opcode is).
+
+  Returns:
+    (history, alloc, eliminated): history[k][c] = the edges of instruction c in
+    iteration k, [(producer, distance, write role, read class, waw)], waw = -1 for
+    reads, up to the first iteration that repeats the one before; alloc[c][j]: write
+    j takes a physical register; eliminated[c]: instruction c is an eliminated move.
+  """
+  n = len(block.instrs)
+  if movable is None:
+    movable = [ins.key in renaming.move_elim or ins.opcode in renaming.move_elim
+               for ins in block.instrs]
+  elim = list(movable)
+
+  def slot_of(reg, width):
+    kind = reg_kind(reg)
+    if kind == "vec" and kind in renaming.kinds:
+      return (reg, _vec_level(width))
+    return (reg, -1)
+
+  pairs = [_move_pairs(ins, slot_of) if e else [] for ins, e in zip(block.instrs, elim)]
+  elim = [e and bool(p) for e, p in zip(elim, pairs)]
+
+  def renamed(slot):
+    return reg_kind(slot[0]) in renaming.kinds
+
+  def family(slot):  # the slot and its sub-registers (llvm-mca's MCSubRegIterator)
+    if slot[1] < 0:
+      return [slot]
+    return [(slot[0], lv) for lv in range(slot[1], -1, -1)]
+
+  mapping: dict = {}  # slot -> [(dynamic position, write role)]
+  alias: dict = {}  # slot -> slot
+  alloc = [[True] * len(ins.writes) for ins in block.instrs]
+  history = []
+  for it in range(8):
+    deps_it = []
+    for c, ins in enumerate(block.instrs):
+      pos = it * n + c
+      if elim[c]:
+        for src, dst in pairs[c]:
+          target = alias.get(src, src)
+          for s in family(dst):
+            alias[s] = target
+        deps_it.append([])
+        alloc[c] = [False] * len(ins.writes)
+        continue
+      mine = []
+      for r in ins.reads:  # one edge per (read, writer), as in `dependencies`
+        cls = _read_class(r)
+        slot = slot_of(r.reg, r.width)
+        if renamed(slot):
+          root = alias.get(slot, slot)
+          found = [w for s in family(root) for w in mapping.get(s, ())]
+        else:
+          found = list(mapping.get(slot, ()))
+        for ppos, role in dict.fromkeys(found):
+          mine.append((ppos, role, cls, -1))
+      done = set()
+      for j, w in enumerate(ins.writes):
+        slot = slot_of(w.reg, w.width)
+        entry = [(pos, _write_role(w))]
+        if slot in done:
+          continue  # a second write of one register: the mapping keeps the first
+        done.add(slot)
+        if not renamed(slot):
+          mapping[slot] = (list(mapping.get(slot, ())) + entry) if w.merge else entry
+          continue
+        kind = reg_kind(w.reg)
+        if kind == "gpr" and w.merge:
+          # Renamed as the 64-bit register without clearing it: a false dependency on
+          # the mapping's writer (not on an alias), and no physical register.
+          alloc[c][j] = False
+          for ppos, role in mapping.get(slot, ()):
+            if ppos != pos:
+              mine.append((ppos, role, 0, entry[0][1]))
+        targets = family(slot)
+        if slot[1] >= 0 and not w.merge:  # clears the upper bits: the wider registers too
+          targets = [(slot[0], lv) for lv in range(3)]
+        for s in targets:
+          mapping[s] = entry
+          alias.pop(s, None)
+      deps_it.append(mine)
+    # Relative form: (producer, distance, role, class, waw).
+    rel = [[(p % n, it - p // n, role, cls, waw) for p, role, cls, waw in ds]
+           for ds in deps_it]
+    history.append(rel)
+    if len(history) >= 3 and history[-1] == history[-2]:
+      break
+  return history, alloc, elim
+
+
+def rename_dependencies(block: Block, renaming: Renaming, movable: Sequence[bool] | None = None):
+  """Dependencies as llvm-mca's register files make them (see `_rename_history`).
+
+  The edges are those of the steady state. The first iteration(s) may differ where an
+  alias reaches back into the previous iteration (llvm-mca's first iteration has no
+  aliases yet); `encode` keeps those as edges with an iteration range.
+
+  Returns:
+    (deps, alloc, eliminated) as `_rename_history` describes.
+  """
+  history, alloc, elim = _rename_history(block, renaming, movable)
+  return history[-1], alloc, elim
+
+
+def _ranged_edges(history) -> list[list[tuple]]:
+  """Per instruction, every edge of any iteration with the iterations it holds in.
+
+  Args:
+    history: `_rename_history`'s per-iteration edges; the last entry holds for every
+      later iteration.
+
+  Returns:
+    [c] -> [(producer, distance, role, class, waw, first, last)]: the edge applies to
+    the consumer's iterations first <= k < last (last = ALWAYS: from first on). An
+    iteration before the edge's distance counts as having it (its producer does not
+    exist anyway), so most edges hold from 0 on. An edge that comes and goes is listed
+    once per run.
+  """
+  K = len(history) - 1
+  out = []
+  for c in range(len(history[-1])):
+    mine = []
+    seen = []
+    for k in range(K + 1):
+      for e in dict.fromkeys(history[k][c]):
+        if e not in seen:
+          seen.append(e)
+    for e in seen:
+      copies = max(h[c].count(e) for h in history)
+      for j in range(copies):
+        runs, start = [], None
+        for k in range(K + 1):
+          present = history[k][c].count(e) > j or k < e[1]
+          if present and start is None:
+            start = k
+          if not present and start is not None:
+            runs.append((start, k))
+            start = None
+        if start is not None:
+          runs.append((start, ALWAYS))
+        # An edge of the distance-padded iterations only never applies.
+        runs = [(a, b) for a, b in runs if b == ALWAYS or b > e[1]]
+        mine += [(*e, a, b) for a, b in runs]
+    # Edges that always hold first, in their steady order (the rest are rare).
+    mine.sort(key=lambda x: (x[5] != 0 or x[6] != ALWAYS))
+    out.append(mine)
+  return out
 
 
 _CONDITION = re.compile(r"^(?:set|cmov)(?P<cc>[a-z]+)$")
@@ -144,12 +416,16 @@ def table_key(ins, keys: Mapping[str, int]) -> str | None:
   """The key a table knows this instruction by, most specific first.
 
   Tables may refine a key by condition code (`SETCCr@a`: LLVM 14 folds the condition
-  into an operand, and Intel models cost `seta`/`setbe` differently) and may lack a
-  `@same` variant that a CPU does not special-case (then the plain opcode applies).
+  into an operand, and Intel models cost `seta`/`setbe` differently) or by the slow
+  forms of LEA (`LEA64r@3op`, `LEA64r@scale`: Zen 3), and may lack a `@same` variant
+  that a CPU does not special-case (then the plain opcode applies).
   """
   m = _CONDITION.match(ins.mnemonic)
   if m and "@" not in ins.key and f"{ins.key}@{m.group('cc')}" in keys:
     return f"{ins.key}@{m.group('cc')}"
+  lea = idioms.lea_variant(ins.opcode, ins.text)
+  if lea and ins.key + lea in keys:
+    return ins.key + lea
   if ins.key in keys:
     return ins.key
   if ins.opcode in keys:
@@ -170,7 +446,8 @@ def bucket_length(n: int) -> int:
 
 
 def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | None = None,
-           max_deps: int | None = None, max_uses: int | None = None) -> BlockBatch:
+           max_deps: int | None = None, max_uses: int | None = None,
+           renaming: Renaming | None = None) -> BlockBatch:
   """Encodes blocks into one padded batch.
 
   Args:
@@ -178,6 +455,8 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
     keys: opcode key -> index (a table's `Layout.index`); every key must be present.
     length: padded length L; default: the bucket of the longest block.
     max_deps, max_uses: D and C; default: the smallest dep bucket that fits.
+    renaming: the table's register files (`renaming_for(table)`); None for a CPU
+      without any (every register write merely maps, nothing is eliminated).
 
   Returns:
     A BlockBatch with leading dimension len(blocks).
@@ -191,7 +470,19 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
     if not blk.instrs:
       raise ValueError(f"block {b} is empty")
   L = length or bucket_length(max((len(b) for b in blocks), default=1))
-  all_deps = [dependencies(b) for b in blocks]
+  all_deps, all_alloc, all_elim = [], [], []
+  for blk in blocks:
+    if renaming is None:
+      deps = [[(*e, -1, 0, ALWAYS) for e in ds] for ds in dependencies(blk)]
+      alloc = [[True] * len(ins.writes) for ins in blk.instrs]
+      elim = [False] * len(blk.instrs)
+    else:
+      movable = [table_key(ins, keys) in renaming.move_elim for ins in blk.instrs]
+      history, alloc, elim = _rename_history(blk, renaming, movable)
+      deps = _ranged_edges(history)
+    all_deps.append(deps)
+    all_alloc.append(alloc)
+    all_elim.append(elim)
   uses_count = []
   for deps in all_deps:
     cnt = {}
@@ -210,12 +501,14 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
       length=np.zeros(B, np.int32),
       dep_src=np.zeros((B, L, D), np.int32), dep_dist=np.zeros((B, L, D), np.int32),
       dep_role=np.zeros((B, L, D), np.int32), dep_class=np.zeros((B, L, D), np.int32),
-      dep_valid=np.zeros((B, L, D), bool),
+      dep_valid=np.zeros((B, L, D), bool), dep_waw=np.full((B, L, D), -1, np.int32),
+      dep_first=np.zeros((B, L, D), np.int32), dep_last=np.full((B, L, D), ALWAYS, np.int32),
       use_dst=np.zeros((B, L, C), np.int32), use_dist=np.zeros((B, L, C), np.int32),
       use_edge=np.zeros((B, L, C), np.int32), use_valid=np.zeros((B, L, C), bool),
-      write_kind=np.full((B, L, 8), -1, np.int32),
-      loads=np.zeros((B, L), bool), stores=np.zeros((B, L), bool))
-  for b, (blk, deps) in enumerate(zip(blocks, all_deps)):
+      write_kind=np.full((B, L, MAX_WRITES), -1, np.int32),
+      write_alloc=np.zeros((B, L, MAX_WRITES), bool),
+      eliminated=np.zeros((B, L), bool), loads=np.zeros((B, L), bool), stores=np.zeros((B, L), bool))
+  for b, (blk, deps, alloc, elim) in enumerate(zip(blocks, all_deps, all_alloc, all_elim)):
     n = len(blk.instrs)
     if n > L:
       raise ValueError(f"block {b} has {n} instructions, more than the padded length {L}")
@@ -230,16 +523,21 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
       out["valid"][b, c] = True
       out["loads"][b, c] = ins.loads
       out["stores"][b, c] = ins.stores
-      for j, w in enumerate(ins.writes[:8]):
+      out["eliminated"][b, c] = elim[c]
+      for j, w in enumerate(ins.writes[:MAX_WRITES]):
         out["write_kind"][b, c, j] = REG_KINDS.index(reg_kind(w.reg))
+        out["write_alloc"][b, c, j] = alloc[c][j]
       if len(deps[c]) > D:
         raise ValueError(f"block {b}: instruction {c} has {len(deps[c])} deps, more than {D}")
-      for d, (p, dist, role, cls) in enumerate(deps[c]):
+      for d, (p, dist, role, cls, waw, first, last) in enumerate(deps[c]):
         out["dep_src"][b, c, d] = p
         out["dep_dist"][b, c, d] = dist
         out["dep_role"][b, c, d] = role
         out["dep_class"][b, c, d] = cls
         out["dep_valid"][b, c, d] = True
+        out["dep_waw"][b, c, d] = waw
+        out["dep_first"][b, c, d] = first
+        out["dep_last"][b, c, d] = last
         u = nuse[p]
         if u >= C:
           raise ValueError(f"block {b}: instruction {p} has more than {C} consumers")

@@ -44,3 +44,41 @@ def variant_key(opcode: str, sources: list[str]) -> str:
   if is_idiom_candidate(opcode) and len(sources) == 2 and sources[0] == sources[1]:
     return opcode + SAME
   return opcode
+
+
+
+# Operand-dependent LEA classes. Zen 3 resolves LEA to a slower class (2 uops, 2 cycles)
+# when the address has a base, an index and a non-zero displacement (LLVM's
+# IsThreeOperandsLEAPredicate; its `isGlobal()` alternative is non-portable, hence false
+# for an MCInst, so a symbolic displacement does not count) or a scale other than 1
+# (Zn3SlowLEAPredicate). Tables key those instances `OPCODE@3op` and `OPCODE@scale`
+# (three-operand wins) where they cost something other than the plain opcode.
+LEA_3OP = "@3op"
+LEA_SCALE = "@scale"
+LEA_OPCODES = frozenset({"LEA16r", "LEA32r", "LEA64r", "LEA64_32r"})
+_LEA_ADDRESS = re.compile(
+    r"^\s*lea[wlq]?\s+(?P<disp>[^(,\s]*)\((?P<base>%[a-z0-9]+)?"
+    r"(?:,(?P<index>%[a-z0-9]+)(?:,(?P<scale>\d))?)?\)")
+
+
+def lea_variant(opcode: str, text: str) -> str:
+  """The LEA variant suffix of an instruction: LEA_3OP, LEA_SCALE or "".
+
+  Args:
+    opcode: LLVM opcode name (the key without its variant).
+    text: the instruction's AT&T text as llvm-mc prints it.
+  """
+  if opcode not in LEA_OPCODES:
+    return ""
+  m = _LEA_ADDRESS.match(text)
+  if m is None:
+    return ""
+  if m.group("base") is not None and m.group("index") is not None:
+    try:
+      if int(m.group("disp") or "0", 0) != 0:
+        return LEA_3OP
+    except ValueError:  # a symbol: not an immediate operand
+      pass
+  if m.group("scale") not in (None, "1"):
+    return LEA_SCALE
+  return ""

@@ -35,6 +35,7 @@ import time
 
 import numpy as np
 
+from diffsim.isa import idioms
 from diffsim.params import corpus_keys, exegesis, mcaviews, mctools
 from diffsim.params import resources as R
 
@@ -203,6 +204,60 @@ def collapse_cc(opcodes: dict) -> None:
       opcodes[f"{base}@{c}"] = variants[c]
 
 
+# ----------------------------------------------------------------------------------------
+# LEA variants
+
+# Zen 3 resolves LEA to a 2-uop, 2-cycle class for a base + index + displacement
+# address or a scale other than 1 (`idioms.lea_variant`). Each LEA key gets an
+# `OPCODE@3op` and an `OPCODE@scale` key measured on such instances, and the plain key
+# an instance that is neither; a variant is kept only where it costs something else
+# (collapse_lea).
+_LEA_TEXT = re.compile(r"^(?P<mn>lea[wlq])\t(?P<disp>[^(]*)\((?P<base>%[a-z0-9]+)?"
+                       r"(?:,(?P<index>%[a-z0-9]+)(?P<scale>,\d)?)?\), (?P<dst>%[a-z0-9]+)$")
+_LEA_VARIANTS = (idioms.LEA_3OP, idioms.LEA_SCALE)
+
+
+def lea_variants(keys: dict) -> dict:
+  """Every key of `keys` plus `OPCODE@3op` and `OPCODE@scale` for each LEA key, with
+  examples made from the corpus example, whose plain form replaces it when it is a
+  variant itself."""
+  out = dict(keys)
+  made = {}
+  for k, v in keys.items():
+    m = _LEA_TEXT.match(v["example"])
+    if "@" in k or k not in idioms.LEA_OPCODES or m is None:
+      continue
+    wide = not (m.group("base") or m.group("index") or "%r").startswith("%e")
+    base = m.group("base") if m.group("base") not in (None, "%rip") else (
+        "%rbx" if wide else "%ebx")
+    index = m.group("index") or ("%rcx" if wide else "%ecx")
+    mn, dst = m.group("mn"), m.group("dst")
+    made[k + idioms.LEA_3OP] = f"{mn}\t1({base},{index}), {dst}"
+    made[k + idioms.LEA_SCALE] = f"{mn}\t({base},{index},2), {dst}"
+    if idioms.lea_variant(k, v["example"]):
+      made[k] = f"{mn}\t({base},{index}), {dst}"
+  hexes = mctools.encode(list(made.values())) if made else []
+  for (k, text), hx in zip(made.items(), hexes):
+    out[k] = {"count": keys.get(k, {}).get("count", 0), "example": text, "hex": hx}
+  return out
+
+
+def collapse_lea(opcodes: dict) -> None:
+  """Drops LEA variant entries that cost what the plain key costs."""
+  def sig(e):
+    return json.dumps({f: x for f, x in e.items() if f not in ("evidence", "sched_class")},
+                      sort_keys=True)
+  kept: dict[str, list[str]] = {}
+  for k in sorted(k for k in opcodes if k.endswith(_LEA_VARIANTS)):
+    base = k.split("@")[0]
+    if base in opcodes and sig(opcodes[k]) == sig(opcodes[base]):
+      del opcodes[k]
+    elif base in opcodes:
+      kept.setdefault(base, []).append(k)
+  for base, ks in kept.items():
+    _add_note(opcodes[base], "address forms that cost more: " + ", ".join(ks))
+
+
 def _add_note(e: dict, msg: str) -> None:
   e["evidence"] = (e["evidence"] + "; " + msg) if e.get("evidence") else msg
 
@@ -329,7 +384,7 @@ def build_table(cpu: str, keys: dict | None = None, *, progress: bool = False,
   t0 = time.time()
   if keys is None:
     keys = corpus_keys.load()
-  keys = cc_variants(keys)
+  keys = lea_variants(cc_variants(keys))
   wanted = set(keys)
   # Group membership and buffers are inferred from many classes at once, so a small
   # key set is padded with the corpus examples (if shipped) as evidence.
@@ -451,6 +506,7 @@ def build_table(cpu: str, keys: dict | None = None, *, progress: bool = False,
              "llvm-mca's values kept")
       e["evidence"] = msg + ("; " + e["evidence"] if e.get("evidence") else "")
   collapse_cc(opcodes)
+  collapse_lea(opcodes)
   return table
 
 

@@ -104,8 +104,11 @@ def operands(hex_bytes: str) -> Operands | None:
     explicit.add(full(reg))
     acc = info.op_access(i)
     # iced marks the sources of a recognised zero idiom as unused; they are still
-    # sources to llvm-mca unless its model says otherwise, so they are probed.
-    if acc in read_acc or acc == ix.OpAccess.NONE:
+    # sources to llvm-mca unless its model says otherwise, so they are probed. So is
+    # a conditionally written destination: LLVM ties it to a source for `cmov`
+    # (whose read has the load-op read-advance), and for `bsr` the probe finds the
+    # read ignored.
+    if acc in read_acc or acc in (ix.OpAccess.NONE, ix.OpAccess.COND_WRITE):
       reads.append((f"op{i}", names[reg]))
     if acc in write_acc:
       writes.append((f"op{i}", names[reg]))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Sequence
 
 import jax
@@ -31,8 +30,12 @@ DEFAULT_MAX_CYCLES = 1 << 20
 
 
 def window_for(rob_size) -> int:
-  """Ring size for in-flight instructions: a power of two >= the ROB size."""
-  return max(8, 1 << int(math.ceil(math.log2(max(int(rob_size), 1)))))
+  """Ring size for in-flight instructions: the ROB size, rounded up to a multiple of 32.
+
+  Every instruction in flight holds at least one ROB entry, so this many slots always
+  suffice; the window's width sets the cost of every per-cycle pass over it.
+  """
+  return max(32, -(-int(rob_size) // 32) * 32)
 
 
 def _mesh() -> Mesh:

@@ -51,12 +51,19 @@ def dispatch(state: State, facts: Facts, g) -> State:
     slots = jnp.where(wide, 0, slots - uops)
     slots = jnp.where(facts.end_group[c], 0, slots)
     carry = jnp.where(wide, uops - width, state.carry)
-    # Link reads to producers still in flight (retired producers impose nothing).
+    # Link reads to producers still in flight (retired producers impose nothing), by
+    # the edges that hold in this iteration (`encode`: an alias may reach back into
+    # an iteration the first one lacks). An edge that does not hold but whose
+    # producer has not issued yet still counts as pending, since that producer's
+    # issue wakes every consumer of the edge (issue.py).
     p = i - facts.dep_off[c]
+    it = i // facts.n
+    holds = (it >= facts.dep_first[c]) & (it < facts.dep_last[c])
     live = facts.dep_on[c] & (p >= state.head)
     p_slot = jnp.mod(p, W)
     issued = state.issue_t[p_slot] < BIG
-    operands = jnp.max(jnp.where(live & issued, state.issue_t[p_slot] + facts.dep_w[c], 0))
+    operands = jnp.max(jnp.where(live & holds & issued,
+                                 state.issue_t[p_slot] + facts.dep_w[c], 0))
     waits = live & ~issued
     pend = jnp.sum(waits).astype(jnp.int32)
     users = state.users.at[jnp.where(waits, p_slot, W)].add(1, mode="drop")

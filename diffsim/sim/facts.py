@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from diffsim.isa.encode import BlockBatch
-from diffsim.params.table import Layout, Params, Structure
+from diffsim.isa.encode import ALWAYS, BlockBatch
+from diffsim.params.table import READ_CLASSES, Layout, Params, Structure
 
 BIG = 1 << 28  # "never": a cycle no simulation reaches
 
@@ -31,10 +31,17 @@ class Facts:
   zero_latency: jax.Array  # [L] bool: latency 0 and no resource: issues at dispatch
   dep_off: jax.Array  # [L, D] int32: dynamic distance back to the producer
   dep_w: jax.Array  # [L, D] int32: producer's write latency minus read-advance, >= 0
+  #                   (for a write-after-write edge: see `gather`)
   dep_on: jax.Array  # [L, D] bool
+  dep_first: jax.Array  # [L, D] int32: the edge holds for the consumer's iterations
+  dep_last: jax.Array  # [L, D] int32:   dep_first <= k < dep_last (encode.ALWAYS: no end)
   use_off: jax.Array  # [L, C] int32: dynamic distance forward to the consumer
   use_w: jax.Array  # [L, C] int32: the edge's weight, as dep_w
   use_on: jax.Array  # [L, C] bool
+  use_first: jax.Array  # [L, C] int32: the edge's dep_first / dep_last
+  use_last: jax.Array  # [L, C] int32
+  settle: jax.Array  # [] int32: first iteration from which every edge holds as in all
+  #                    later ones (iterations before it must not seed a fast-forward)
   unit_cycles: jax.Array  # [L, U] int32: cycles each unit is used directly
   unit_mask: jax.Array  # [L] int32: bitmask of units used directly
   dunit: jax.Array  # [L, DU] int32: the units used directly, in bit order
@@ -53,6 +60,7 @@ class Facts:
   store_barrier: jax.Array  # [L] bool: younger stores wait until it has executed
   zero_use: jax.Array  # [L] bool: some reader may issue in the same cycle as this one
   prf_cost: jax.Array  # [L, F] int32: physical registers taken in each file
+  prf_need: jax.Array  # [L, F] int32: free registers each file must have to dispatch
   begin_group: jax.Array  # [L] bool
   end_group: jax.Array  # [L] bool
 
@@ -75,8 +83,11 @@ def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBa
   uops = r(params.uops[op])
   rob = r(params.rob_size)
   lat = r(params.latency[op])  # [L, E]
-  max_latency = jnp.max(lat, axis=-1)
-  cyc = r(params.res_cycles[op])  # [L, R]
+  # An eliminated move is done at dispatch: no latency, no resources, no reads (its
+  # readers were linked to its source's writer by `encode`).
+  elim = blocks.eliminated
+  max_latency = jnp.where(elim, 0, jnp.max(lat, axis=-1))
+  cyc = jnp.where(elim[:, None], 0, r(params.res_cycles[op]))  # [L, R]
   unit_cycles = cyc[:, :U]
   grp_cycles_all = cyc[:, U:]
   any_res = jnp.any(cyc > 0, axis=-1)
@@ -89,13 +100,25 @@ def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBa
                                  axis=-1)[..., 0]
   adv = jnp.take_along_axis(r(params.read_advance[op]), blocks.dep_class, axis=-1)
   dep_w = jnp.maximum(prod_lat - adv, 0)
+  # A partial write that waits for the write it merges into (llvm-mca's
+  # WriteState::isReady) may issue once that write has fewer cycles left than the
+  # partial write's own latency, or none at all.
+  waw = blocks.dep_waw >= 0
+  own_lat = jnp.take_along_axis(lat, jnp.maximum(blocks.dep_waw, 0), axis=-1)
+  dep_w = jnp.where(waw, jnp.maximum(prod_lat - jnp.maximum(own_lat, 1) + 1, 0), dep_w)
   c = jnp.arange(op.shape[0], dtype=jnp.int32)
   dep_off = c[:, None] - src + blocks.dep_dist * n
-  dep_on = blocks.dep_valid & ~ignore[:, None]
+  # Idioms ignore their explicit register sources (llvm-mca's InstrBuilder marks only
+  # those independent: `sbb %eax,%eax` still waits for EFLAGS), not the ordering of
+  # their partial writes.
+  explicit = (blocks.dep_class < READ_CLASSES.index("flags")) & ~waw
+  dep_on = blocks.dep_valid & ~(ignore[:, None] & explicit) & ~elim[:, None]
+  bounds = jnp.maximum(blocks.dep_first, jnp.where(blocks.dep_last < ALWAYS, blocks.dep_last, 0))
+  settle = jnp.max(jnp.where(blocks.dep_valid, bounds, 0)).astype(jnp.int32)
   dst = blocks.use_dst
   use_w = dep_w[dst, blocks.use_edge]
   use_off = dst - c[:, None] + blocks.use_dist * n
-  use_on = blocks.use_valid & ~ignore[dst]
+  use_on = blocks.use_valid & dep_on[dst, blocks.use_edge]
 
   bits = (1 << jnp.arange(U, dtype=jnp.int32))
   unit_mask = jnp.sum(jnp.where(unit_cycles > 0, bits, 0), axis=-1).astype(jnp.int32)
@@ -119,26 +142,32 @@ def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBa
         pad, (grp, grp_cycles, grp_need, grp_reserved, grp_on))
   blocked_by = (structure.touched[op][:, U:] | (grp_cycles_all > 0))
 
-  kinds = blocks.write_kind  # [L, 8]
+  kinds = blocks.write_kind  # [L, MAX_WRITES]
   F = params.prf_size.shape[0]
   if F:
     file_of_kind = jnp.asarray(_file_of_kind(layout), jnp.int32)  # [num kinds] -> file
     f = jnp.where(kinds >= 0, file_of_kind[jnp.maximum(kinds, 0)], -1)
-    prf_cost = jnp.sum(f[:, :, None] == jnp.arange(F)[None, None, :], axis=1).astype(jnp.int32)
-    prf_cost = jnp.where(structure.zero_idiom[op][:, None], 0, prf_cost)
+    in_file = f[:, :, None] == jnp.arange(F)[None, None, :]  # [L, 8, F]
+    # Dispatch checks a register for every write (DispatchStage::checkPRF); zero
+    # idioms, eliminated moves and partial GPR writes then take none.
+    prf_need = jnp.sum(in_file, axis=1).astype(jnp.int32)
+    prf_cost = jnp.sum(in_file & blocks.write_alloc[:, :, None], axis=1).astype(jnp.int32)
+    prf_cost = jnp.where((structure.zero_idiom[op] | elim)[:, None], 0, prf_cost)
   else:
-    prf_cost = jnp.zeros((op.shape[0], 0), jnp.int32)
+    prf_need = prf_cost = jnp.zeros((op.shape[0], 0), jnp.int32)
   return Facts(
       n=n, uops=uops, rob_cost=jnp.maximum(1, jnp.minimum(uops, rob)),
       max_latency=max_latency, zero_latency=zero_latency,
       dep_off=dep_off, dep_w=dep_w, dep_on=dep_on, use_off=use_off, use_w=use_w, use_on=use_on,
+      dep_first=blocks.dep_first, dep_last=blocks.dep_last, settle=settle,
+      use_first=blocks.dep_first[dst, blocks.use_edge], use_last=blocks.dep_last[dst, blocks.use_edge],
       unit_cycles=unit_cycles, unit_mask=unit_mask, dunit=dunit, dunit_cycles=dunit_cycles,
       dunit_on=dunit_cycles > 0, grp=grp, grp_cycles=grp_cycles,
       grp_need=grp_need, grp_reserved=grp_reserved, grp_on=grp_on, blocked_by=blocked_by,
-      buffers=structure.buffers[op], may_load=structure.may_load[op],
+      buffers=structure.buffers[op] & ~elim[:, None], may_load=structure.may_load[op],
       may_store=structure.may_store[op], load_barrier=structure.load_barrier[op],
       store_barrier=structure.store_barrier[op],
-      zero_use=jnp.any(use_on & (use_w == 0), axis=-1), prf_cost=prf_cost,
+      zero_use=jnp.any(use_on & (use_w == 0), axis=-1), prf_cost=prf_cost, prf_need=prf_need,
       begin_group=structure.begin_group[op], end_group=structure.end_group[op])
 
 

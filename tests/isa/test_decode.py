@@ -131,7 +131,9 @@ def test_mul_cqo(hand):
                    (FLAGS, "flags", False)]
   i = one(hand, "cqo")
   assert (i.key, i.text) == ("CQO", "cqto")
-  assert rr(i) == [("RAX", "implicit")] and ww(i) == [("RDX", "implicit", False)]
+  # LLVM's CQO defines RAX as well as RDX (llvm-mca's readers of RAX wait for it).
+  assert rr(i) == [("RAX", "implicit")]
+  assert ww(i) == [("RAX", "implicit", False), ("RDX", "implicit", False)]
 
 
 def test_rep_movs(hand):
@@ -353,7 +355,8 @@ def test_other_zero_idioms(hand):
   i = one(hand, "pxor")
   assert i.key == "PXORrr@same" and i.zero_idiom
   assert rr(i) == [("ZMM0", "op0"), ("ZMM0", "op1")]
-  assert one(hand, "nopl").reads == ()  # an unused operand is no ignored source
+  # An unused operand is no ignored source; its address registers are still read.
+  assert all(r.role in ("base", "index") for r in one(hand, "nopl").reads)
 
 
 def test_not_same_register(hand):
@@ -416,7 +419,10 @@ def test_lea_is_not_a_load(hand):
 
 def test_nops(hand):
   i = one(hand, "nopl")
-  assert i.key == "NOOPL" and i.reads == () and i.mem == () and not i.loads
+  assert i.key == "NOOPL" and i.mem == () and not i.loads
+  # LLVM's memory operands are register uses, so llvm-mca makes `nopl (%rax)` wait
+  # for RAX (measured with llvm-mca 14 timelines on haswell and znver3).
+  assert [r.role for r in i.reads] in (["base"], ["base", "index"])
   i = one(hand, "nop66")  # iced would print `xchg %ax,%ax`
   assert (i.key, i.text, i.writes) == ("NOOP", "nop", ())
 

@@ -51,10 +51,29 @@ def test_table_covers_corpus_keys(cpu):
 
 @pytest.mark.parametrize("cpu", extract.CPUS)
 def test_table_keys_are_the_corpus_keys(cpu):
-  # Besides the corpus keys, a table holds only condition-code variants (`@<cc>`).
+  # Besides the corpus keys, a table holds only condition-code variants (`@<cc>`) and
+  # the slow LEA forms (`@3op`, `@scale`), each where it costs something else.
   t = _table(cpu)
-  plain = {k for k in t["opcodes"] if k.split("@")[-1] not in extract.CONDITIONS}
+  variants = set(extract.CONDITIONS) | {"3op", "scale"}
+  plain = {k for k in t["opcodes"] if k.split("@")[-1] not in variants}
   assert plain | set(t["unsupported"]) == set(corpus_keys.load())
+  for k in set(t["opcodes"]) - plain:
+    assert {f: v for f, v in t["opcodes"][k].items() if f not in ("evidence", "sched_class")} \
+        != {f: v for f, v in t["opcodes"][k.split("@")[0]].items()
+            if f not in ("evidence", "sched_class")}, k
+
+
+def test_slow_lea_forms():
+  # Zen 3's Zn3SlowLEAPredicate: base + index + non-zero displacement, or scale != 1.
+  t = _table("znver3")
+  assert t["opcodes"]["LEA64r@3op"]["latency"] == 2 and t["opcodes"]["LEA64r"]["latency"] == 1
+  assert "LEA64r@scale" in t["opcodes"] and "LEA64r@3op" not in _table("haswell")["opcodes"]
+  from diffsim.isa import idioms  # pylint: disable=import-outside-toplevel
+  assert idioms.lea_variant("LEA64r", "leaq\t1(%rbx,%rax), %rbx") == "@3op"
+  assert idioms.lea_variant("LEA64r", "leaq\t(%rbx,%rax,4), %rbx") == "@scale"
+  assert idioms.lea_variant("LEA64r", "leaq\t8(,%rax,8), %rbx") == "@scale"
+  assert idioms.lea_variant("LEA64r", "leaq\t(%rbx,%rax), %rbx") == ""
+  assert idioms.lea_variant("LEA64r", "leaq\t16(%rsp), %rdi") == ""
 
 
 @needs_tools
