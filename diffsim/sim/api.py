@@ -79,7 +79,7 @@ def _pad_batch(batch: BlockBatch, iterations, multiple: int):
 
 def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100, *,
              fast_forward: bool = True, max_cycles: int = DEFAULT_MAX_CYCLES,
-             slots: int = 128):
+             slots: int = 64):
   """Total Cycles of each block, llvm-mca's convention, in hard (exact) mode.
 
   Args:

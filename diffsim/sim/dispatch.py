@@ -64,7 +64,7 @@ def dispatch(state: State, facts: Facts, g) -> State:
     issued = state.issue_t[p_slot] < BIG
     operands = jnp.max(jnp.where(live & holds & issued,
                                  state.issue_t[p_slot] + facts.dep_w[c], 0))
-    waits = live & ~issued
+    waits = live & holds & ~issued
     pend = jnp.sum(waits).astype(jnp.int32)
     users = state.users.at[jnp.where(waits, p_slot, W)].add(1, mode="drop")
     slot = jnp.mod(i, W)

@@ -175,19 +175,26 @@ def _round(state: State, facts: Facts, members, tried):
 
   rows = {name: getattr(facts, name)[c_k] for name in _ROW}  # [K, ...] each
 
+  # Issuing either may make another instruction ready in this same cycle (a reader
+  # with enough read-advance, a store whose older memory operations have now all
+  # issued); llvm-mca then picks the best ready one again, so the scan stops there.
+  wakes_k = facts.zero_use[c_k] | (mem_k & jnp.any(store & cand))
+
   def scan(k, carry):  # the candidates in priority order
-    res, issued, done_older = carry
+    res, issued, done_older, seen = carry
     row = {name: v[k] for name, v in rows.items()}
-    ok = valid[k] & can_take(res, row, members, t)
+    go = valid[k] & ~jnp.any(issued & wakes_k)
+    ok = go & can_take(res, row, members, t)
     ok &= ~store_k[k] | (older[k] == done_older[k])
     res = take(res, row, members, t, ok)
     issued = _set(issued, k, True, ok)
+    seen = _set(seen, k, True, go)
     done_older = done_older + (ok & mem_k[k] & (dyn_k[k] < dyn_k)).astype(jnp.int32)
-    return res, issued, done_older
+    return res, issued, done_older, seen
 
   res = (state.busy_until, state.seq, state.skip, state.reserved_until)
-  res, issued, _ = lax.fori_loop(0, K, scan, (res, jnp.zeros(K, bool),
-                                              jnp.zeros(K, jnp.int32)))
+  res, issued, _, seen = lax.fori_loop(0, K, scan, (res, jnp.zeros(K, bool),
+                                                    jnp.zeros(K, jnp.int32), jnp.zeros(K, bool)))
   busy, seq, skip, reserved_until = res
 
   # Write back: issue cycles, scheduler entries, and wake the dispatched readers.
@@ -196,13 +203,15 @@ def _round(state: State, facts: Facts, members, tried):
   rs_used = state.rs_used - jnp.sum(
       jnp.where(issued[:, None], facts.buffers[c_k], False), axis=0).astype(jnp.int32)
   q_dyn = dyn_k[:, None] + facts.use_off[c_k]  # [K, C]
-  woke = issued[:, None] & facts.use_on[c_k] & (q_dyn < state.next)
+  q_it = q_dyn // facts.n  # the edge may hold only from some iteration on (encode)
+  woke = (issued[:, None] & facts.use_on[c_k] & (q_dyn < state.next)
+          & (q_it >= facts.use_first[c_k]) & (q_it < facts.use_last[c_k]))
   q_slot = jnp.where(woke, jnp.mod(q_dyn, W), W).reshape(-1)
   ready_t = state.ready_t.at[q_slot].max((t + facts.use_w[c_k]).reshape(-1), mode="drop")
   pending = state.pending.at[q_slot].add(-1, mode="drop")
   # Scanned candidates that did not issue cannot later this cycle (resources only
   # get taken), except stores once an older memory operation has issued.
-  tried = tried | jnp.zeros(W, bool).at[jnp.where(valid, slots, W)].set(True, mode="drop")
+  tried = tried | jnp.zeros(W, bool).at[jnp.where(seen, slots, W)].set(True, mode="drop")
   mem_issued = jnp.any(issued & mem_k)
   tried = jnp.where(mem_issued, tried & ~(store & cand), tried)
   # Another round if a reader may issue now, a store may now pass, or K was too few.

@@ -101,10 +101,15 @@ def shift(state: State, periods, dt, di) -> State:
       prf_cost=jnp.roll(state.prf_cost, jnp.mod(ddyn, W), axis=0))
 
 
-def fast_forward(state: State, memory: Memory, before_next, n):
-  """Records a fingerprint at iteration boundaries and jumps when one repeats."""
+def fast_forward(state: State, memory: Memory, before_next, n, settle=0):
+  """Records a fingerprint at iteration boundaries and jumps when one repeats.
+
+  `settle`: the first iteration from which the block's dependency edges are the same
+  in every iteration (register renaming can make early iterations differ); states
+  before it are never compared, since a jump from there would carry the early edges on.
+  """
   crossed = (state.next // n) > (before_next // n)
-  look = crossed & ~memory.jumped
+  look = crossed & ~memory.jumped & (state.head >= settle * n)
   h = fingerprint(state, jnp.mod(state.next, n))
   same = jnp.all(memory.hash == h[None, :], axis=-1) & (memory.next >= 0)
   same &= jnp.mod(state.next - memory.next, n) == 0

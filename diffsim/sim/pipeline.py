@@ -67,7 +67,7 @@ def advance(state: State, memory, facts: Facts, members, g, fast_forward: bool):
           & (marks[3] == 0) & (state.carry == 0))
   state = state.replace(t=jnp.where(idle, jnp.maximum(state.t, next_event(state)), state.t))
   if fast_forward:
-    state, memory = period.fast_forward(state, memory, before, facts.n)
+    state, memory = period.fast_forward(state, memory, before, facts.n, facts.settle)
   return state, memory
 
 
