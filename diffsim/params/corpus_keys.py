@@ -34,8 +34,6 @@ from diffsim.params import mctools
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "corpus_keys.json")
-DEFAULT_CSV = os.path.normpath(
-    os.path.join(HERE, "..", "..", "..", "shared", "data", "bhive", "blocks.csv"))
 
 
 def _example_rank(instr) -> int:
@@ -105,9 +103,19 @@ def load(path: str = DEFAULT_OUT) -> dict:
 def main(argv: list[str] | None = None) -> int:
   """Command-line entry: regenerates corpus_keys.json."""
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("csv", nargs="?", default=DEFAULT_CSV)
+  ap.add_argument("csv", nargs="?", default=None,
+                  help="BHive blocks.csv (default: the shared data folder's, if present)")
   ap.add_argument("-o", "--out", default=DEFAULT_OUT)
   args = ap.parse_args(argv)
+  if args.csv is None:
+    from diffsim.data import shared_data_dir
+
+    shared = shared_data_dir()
+    if shared is None:
+      print("no shared data folder (../shared/data or $DIFFSIM_SHARED); nothing to do",
+            file=sys.stderr)
+      return 0
+    args.csv = str(shared / "bhive" / "blocks.csv")
   if not os.path.exists(args.csv):
     print(f"corpus not found at {args.csv}; nothing to do", file=sys.stderr)
     return 0

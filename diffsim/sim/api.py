@@ -42,11 +42,13 @@ def _mesh() -> Mesh:
   return Mesh(np.array(jax.local_devices()), ("blocks",))
 
 
-def _run_one(params, structure, layout, window, max_cycles, fast_forward, block, iterations):
+def _run_one(params, structure, layout, window, max_cycles, fast_forward, block, iterations,
+             trace=0):
+  """One block through `run_block` (the table gathered onto it first)."""
   facts = gather(params, structure, layout, block)
   members = jnp.asarray(layout.group_members, jnp.int32)
   return run_block(facts, params, members, iterations, window=window, max_cycles=max_cycles,
-                   fast_forward=fast_forward)
+                   fast_forward=fast_forward, trace=trace)
 
 
 @functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles", "fast_forward",
@@ -260,10 +262,8 @@ def _progress(total: int, enabled: bool):
 @functools.partial(jax.jit, static_argnames=("layout", "window", "trace"))
 def _timeline(params, structure, batch, iterations, *, layout, window, trace):
   block = jax.tree.map(lambda x: x[0], batch)
-  facts = gather(params, structure, layout, block)
-  members = jnp.asarray(layout.group_members, jnp.int32)
-  return run_block(facts, params, members, iterations, window=window,
-                   max_cycles=DEFAULT_MAX_CYCLES, fast_forward=False, trace=trace)
+  return _run_one(params, structure, layout, window, DEFAULT_MAX_CYCLES, False, block,
+                  iterations, trace)
 
 
 def timeline(table: Table, block: Block, iterations: int = 10):
