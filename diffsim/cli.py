@@ -20,6 +20,7 @@ Throughputs leave the command in BHive's unit, cycles per 100 iterations:
   diffsim compare IN.csv --params haswell [--mcpu haswell]
   diffsim params haswell -o haswell.json
   diffsim params --list
+  diffsim fit TRAIN.csv --init znver3 [--val VAL.csv] --out DIR
 """
 
 from __future__ import annotations
@@ -495,6 +496,63 @@ def cmd_compare(args: argparse.Namespace) -> int:
   return 0
 
 
+def _load_labelled(path: Path):
+  from diffsim.data import load_csv
+
+  try:
+    ds = load_csv(path)
+  except (OSError, ValueError) as e:
+    msg = str(e)
+    raise CliError(msg if str(path) in msg else f"{path}: {msg}") from None
+  if ds.errors:
+    line, why = ds.errors[0]
+    _say(f"warning: {path}: {len(ds.errors)} unusable rows left out (line {line}: {why})")
+  if not (ds.y == ds.y).any():
+    raise CliError(f"{path}: no row has a throughput label in column 2")
+  return ds
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+  _enable_compile_cache()
+  from diffsim.data import split
+  from diffsim.fit import FitConfig
+  from diffsim.fit.run import fit_and_report
+  from diffsim.isa import decode_blocks
+
+  path = _input_path(args)
+  ds = _load_labelled(path)
+  if args.limit is not None:
+    ds = ds.take(range(min(args.limit, len(ds))))
+  if args.val:
+    train, val = ds, _load_labelled(Path(args.val))
+    test = _load_labelled(Path(args.test)) if args.test else None
+    held = "--test" if args.test else "--val (also used for early stopping)"
+  else:
+    if args.test:
+      raise CliError("--test needs --val too (without --val, TRAIN is split in three)")
+    train, val, test = split(ds, seed=args.seed)
+    held = f"the test part of {path.name} (hash split, seed {args.seed})"
+    _say(f"{path}: split by block into {len(train)} train, {len(val)} validation and "
+         f"{len(test)} test blocks (seed {args.seed})")
+  table = _load_table(args.init)
+  config = FitConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                     tau=args.tau, straight_through=args.straight_through,
+                     patience=args.patience, seed=args.seed)
+  mca = args.mca
+  if mca is None:  # default: the initial table's llvm-mca model, when there is one
+    from diffsim.mca import mca_cpus
+
+    mca = [table.layout.cpu] if table.layout.cpu in mca_cpus(include_generic=True) else []
+  predictors = {f"llvm-mca -mcpu={cpu}": (lambda blocks, cpu=cpu: _mca_predict(
+      blocks, cpu, 100, "steady", args.progress)) for cpu in mca}
+  simulate = lambda t: (lambda blocks: _sim_predict(t, blocks, 100, "steady", args.progress))  # noqa
+  decode = lambda hexes: decode_blocks(hexes, progress=args.progress)  # noqa: E731
+  fit_and_report(table, train, val, test, Path(args.out), config, init_name=args.init,
+                 name=args.name, grow=args.grow, predictors=predictors, simulate=simulate,
+                 decode=decode, held_out=held, progress=args.progress, log=_say)
+  return 0
+
+
 # ---------------------------------------------------------------------------------
 # Argument parsing.
 
@@ -583,6 +641,35 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--progress", action="store_true", default=None,
                  help="log steps on stderr (default: when stderr is a terminal)")
   p.set_defaults(func=cmd_params)
+
+  p = sub.add_parser("fit", help="learn a table from measured throughputs (resumable)")
+  _add_input(p)
+  p.add_argument("--init", required=True, metavar="CPU_OR_FILE.json",
+                 help="the table to start from (a shipped name or a JSON table)")
+  p.add_argument("--val", metavar="VAL.csv",
+                 help="validation blocks (default: split TRAIN 80/10/10 by block hash)")
+  p.add_argument("--test", metavar="TEST.csv", help="held-out blocks for the final report")
+  p.add_argument("--out", required=True, metavar="DIR",
+                 help="writes DIR/params.json, DIR/loss.png, DIR/report.json and the "
+                      "checkpoints; an interrupted fit into DIR resumes")
+  p.add_argument("--name", default="fitted", help="CPU name written into params.json")
+  p.add_argument("--epochs", type=_positive_int, default=30)
+  p.add_argument("--batch-size", type=_positive_int, default=128)
+  p.add_argument("--lr", type=float, default=0.05, help="Adam step size (default 0.05)")
+  p.add_argument("--tau", type=float, default=0.5,
+                 help="soft-mode temperature in cycles (0: exact max; default 0.5)")
+  p.add_argument("--straight-through", action="store_true",
+                 help="exact (hard) forward, tempered backward")
+  p.add_argument("--patience", type=_positive_int, default=6,
+                 help="stop after this many epochs without a better validation error")
+  p.add_argument("--seed", type=int, default=0, help="split and shuffling seed")
+  p.add_argument("--grow", action="store_true",
+                 help="after a first fit, add units to resource groups the fit wants "
+                      "more of, then fit again")
+  p.add_argument("--mca", nargs="*", metavar="CPU",
+                 help="llvm-mca models to report beside diffsim (default: --init's CPU "
+                      "when llvm-mca has it)")
+  p.set_defaults(func=cmd_fit)
   return ap
 
 

@@ -19,6 +19,7 @@ unit, that unit; for a group, one member chosen at issue.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -215,6 +216,8 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
     col[g] = len(units) + j
   for n in res_names:
     order[n] = col[n]
+  # A normalised list (`"kept"`) may name one unit of a multi-unit kind ("Zn3Load#0").
+  col.update((u, unit_bit[u]) for u in units if u not in col)
   bufsize = {r["name"]: int(r.get("buffer", -1)) for r in resources}
 
   keys = tuple(sorted(doc["opcodes"]))
@@ -248,17 +251,22 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
       cols = [c for c in READ_CLASSES if c.startswith("op")] if cls == "op" else [cls]
       for c in cols:
         ra[k, READ_CLASSES.index(c if c in READ_CLASSES else "implicit")] = value
-    kept, touch, expanded = normalise(
-        [(n, float(c)) for n, c in op.get("resources", [])], members, order, set(group_names))
+    if "kept" in op:
+      # Already normalised (`export.to_json`): learned cycles live after normalisation.
+      kept = {n: (float(c), int(nd), bool(rs)) for n, c, nd, rs in op["kept"]}
+      touch, buffered = op.get("touched", ()), op.get("buffers", ())
+    else:
+      kept, touch, expanded = normalise(
+          [(n, float(c)) for n, c in op.get("resources", [])], members, order, set(group_names))
+      buffered = [n for n in expanded if bufsize.get(n, -1) > 0]
     for n, (c, nd, rs) in kept.items():
       cyc[k, col[n]] = c
       need[k, col[n]] = nd
       reserved[k, col[n]] = rs
     for n in touch:
       touched[k, col[n]] = True
-    for n in expanded:
-      if bufsize.get(n, -1) > 0:
-        buffers[k, col[n]] = True
+    for n in buffered:
+      buffers[k, col[n]] = True
     for f in flags:
       flags[f][k] = bool(op.get(f, False))
   g = doc["global"]
@@ -290,8 +298,11 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
       unsupported=tuple(sorted(unsupported.items())),
       max_direct_units=max(1, int((cyc[:, :len(units)] > 0).sum(1).max(initial=0))),
       max_kept_groups=max(1, int((cyc[:, len(units):] > 0).sum(1).max(initial=0))))
-  return Table(params, structure, layout, source={"cpu": doc.get("cpu"),
-                                                  "source": doc.get("source")})
+  # The resource model and globals as written, so that `export.to_json` can write
+  # them back (the arrays keep only what the simulator needs).
+  source = {"cpu": doc.get("cpu"), "source": doc.get("source"), "format": doc.get("format"),
+            "global": copy.deepcopy(dict(g)), "resources": copy.deepcopy(list(resources))}
+  return Table(params, structure, layout, source=source)
 
 
 def available_tables() -> list[str]:

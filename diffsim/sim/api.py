@@ -146,6 +146,24 @@ def cost_estimate(table: Table, block: Block) -> float:
   return max(uops / float(table.params.dispatch_width), lat / 2.0, 0.25) * len(block.instrs)
 
 
+def block_error(table: Table, block: Block | Exception, supported=None) -> str | None:
+  """Why the simulator cannot run `block` with `table` (None: it can)."""
+  if isinstance(block, Exception):
+    return f"decode: {block}"
+  if not block.instrs:
+    return "empty block"
+  if len(block.instrs) > BUCKETS[-1]:
+    return (f"block has {len(block.instrs)} instructions; the largest supported length is "
+            f"{BUCKETS[-1]}")
+  idx = table.layout.index
+  supported = np.asarray(table.structure.supported) if supported is None else supported
+  for j, ins in enumerate(block.instrs):
+    key = table_key(ins, idx)
+    if key is None or not supported[idx[key]]:
+      return f"instruction {j} `{ins.text}`: opcode {ins.key} is not in the {table.layout.cpu} table"
+  return None
+
+
 def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterations: int = 100,
                     throughput: str = "total", batch_size: int = 1024,
                     progress: bool = False) -> list[Prediction]:
@@ -170,22 +188,9 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
   supported = np.asarray(table.structure.supported)
   runnable: dict[int, list[int]] = {}
   for i, b in enumerate(blocks):
-    if isinstance(b, Exception):
-      out[i] = Prediction(None, f"decode: {b}")
-      continue
-    if not b.instrs:
-      out[i] = Prediction(None, "empty block")
-      continue
-    if len(b.instrs) > BUCKETS[-1]:
-      out[i] = Prediction(None, f"block has {len(b.instrs)} instructions; the largest "
-                                f"supported length is {BUCKETS[-1]}")
-      continue
-    bad = [(j, ins) for j, ins in enumerate(b.instrs)
-           if table_key(ins, idx) is None or not supported[idx[table_key(ins, idx)]]]
-    if bad:
-      j, ins = bad[0]
-      out[i] = Prediction(None, f"instruction {j} `{ins.text}`: opcode {ins.key} is not in "
-                                f"the {table.layout.cpu} table")
+    err = block_error(table, b, supported)
+    if err:
+      out[i] = Prediction(None, err)
       continue
     L = next(x for x in BUCKETS if len(b.instrs) <= x)
     runnable.setdefault(L, []).append(i)
@@ -279,4 +284,4 @@ def timeline(table: Table, block: Block, iterations: int = 10):
                                layout=table.layout,
                                window=window_for(np.asarray(table.params.rob_size)),
                                trace=n * iterations)
-  return int(cycles), np.asarray(trace).reshape(iterations, n, 3)
+  return int(cycles), np.asarray(trace)[:, :3].reshape(iterations, n, 3)

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from diffsim.sim.facts import BIG, Facts
-from diffsim.sim.state import LOAD, LOAD_BARRIER, STORE, STORE_BARRIER, State
+from diffsim.sim.state import (DISPATCH, HEAD, ISSUE, LOAD, LOAD_BARRIER, ORDER, OTHER, ROB,
+                               STORE, STORE_BARRIER, WHY, WIDTH, State)
 
 
 def dispatch(state: State, facts: Facts, g) -> State:
@@ -27,20 +28,21 @@ def dispatch(state: State, facts: Facts, g) -> State:
   carry = jnp.where(state.carry > 0, state.carry - (width - slots), state.carry)
   state = state.replace(carry=carry)
 
-  def can_go(state, slots):
-    i = state.next
-    c = jnp.mod(i, facts.n)
-    uops = facts.uops[c]
-    need = jnp.minimum(uops, width)
-    ok = (i < state.total) & (slots > 0) & (need <= slots)
-    ok &= ~(facts.begin_group[c] & (slots != width))
-    ok &= g["rob_size"] - state.rob_used >= facts.rob_cost[c]
+  def blockers(state, slots):
+    """WIDTH/ROB/OTHER bits of what keeps the next instruction from dispatching now."""
+    c = jnp.mod(state.next, facts.n)
+    need = jnp.minimum(facts.uops[c], width)
+    narrow = (slots <= 0) | (need > slots) | (facts.begin_group[c] & (slots != width))
+    rob = g["rob_size"] - state.rob_used < facts.rob_cost[c]
     cap = g["prf_size"]
-    ok &= jnp.all((cap == 0) | (state.prf_used + facts.prf_need[c] <= cap))
-    ok &= jnp.all(~facts.buffers[c] | (state.rs_used < g["buffer_size"]))
-    ok &= (g["load_queue"] == 0) | ~facts.may_load[c] | (state.lq_used < g["load_queue"])
-    ok &= (g["store_queue"] == 0) | ~facts.may_store[c] | (state.sq_used < g["store_queue"])
-    return ok
+    other = jnp.any((cap > 0) & (state.prf_used + facts.prf_need[c] > cap))
+    other |= jnp.any(facts.buffers[c] & (state.rs_used >= g["buffer_size"]))
+    other |= (g["load_queue"] > 0) & facts.may_load[c] & (state.lq_used >= g["load_queue"])
+    other |= (g["store_queue"] > 0) & facts.may_store[c] & (state.sq_used >= g["store_queue"])
+    return WIDTH * narrow + ROB * rob + OTHER * other
+
+  def can_go(state, slots):
+    return (state.next < state.total) & (blockers(state, slots) == 0)
 
   def one(carry):
     state, slots, _ = carry
@@ -87,10 +89,12 @@ def dispatch(state: State, facts: Facts, g) -> State:
             + LOAD_BARRIER * facts.load_barrier[c] + STORE_BARRIER * facts.store_barrier[c]),
         rob_cost=state.rob_cost.at[slot].set(facts.rob_cost[c]),
         prf_cost=state.prf_cost.at[slot].set(facts.prf_cost[c]))
-    if state.trace.shape[0]:  # static: only when a timeline was asked for
-      state = state.replace(trace=state.trace.at[i].set(
-          jnp.stack([t, jnp.where(now, t, -1), -1]), mode="drop"))
-    return state, slots, can_go(state, slots)
+    if state.trace.shape[0]:  # static: only when a trace was asked for
+      cols = jnp.array([DISPATCH, ISSUE, ORDER, HEAD, WHY])
+      row = jnp.stack([t, jnp.where(now, t, -1), jnp.where(now, state.issued - 1, -1),
+                       state.head, state.why])
+      state = state.replace(trace=state.trace.at[i, cols].set(row, mode="drop"))
+    return state.replace(why=jnp.zeros_like(state.why)), slots, can_go(state, slots)
 
-  state, _, _ = lax.while_loop(lambda c: c[2], one, (state, slots, can_go(state, slots)))
-  return state
+  state, slots, _ = lax.while_loop(lambda c: c[2], one, (state, slots, can_go(state, slots)))
+  return state.replace(why=jnp.where(state.next < state.total, blockers(state, slots), 0))

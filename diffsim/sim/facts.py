@@ -73,39 +73,56 @@ def group_order(layout: Layout):
   return np.argsort(np.argsort(pop * 4096 + np.arange(len(pop)), kind="stable"), kind="stable")
 
 
-def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBatch) -> Facts:
-  """Facts for ONE block (vmap over blocks). All shapes follow the batch."""
-  r = lambda x: jnp.round(x).astype(jnp.int32)  # noqa: E731 (hard mode: integer tables)
-  params, structure = jax.tree.map(jnp.asarray, (params, structure))
+def timing(params: Params, blocks: BlockBatch, hard: bool) -> dict:
+  """The table's numbers on ONE block's instructions and dependency edges.
+
+  The single definition of every cycle count the schedule adds up, shared by the
+  hard simulator (`hard`: integers, as llvm-mca's tables are; a resource in use
+  holds at least one cycle) and the soft mode (floats, differentiable).
+  """
+  rnd = jnp.round if hard else (lambda x: x)
   op = blocks.opcode
-  n = blocks.length.astype(jnp.int32)
-  U = len(layout.units)
-  uops = r(params.uops[op])
-  rob = r(params.rob_size)
-  lat = r(params.latency[op])  # [L, E]
   # An eliminated move is done at dispatch: no latency, no resources, no reads (its
   # readers were linked to its source's writer by `encode`).
   elim = blocks.eliminated
-  max_latency = jnp.where(elim, 0, jnp.max(lat, axis=-1))
-  cyc = jnp.where(elim[:, None], 0, r(params.res_cycles[op]))  # [L, R]
-  unit_cycles = cyc[:, :U]
-  grp_cycles_all = cyc[:, U:]
-  any_res = jnp.any(cyc > 0, axis=-1)
-  zero_latency = (max_latency == 0) & ~any_res
-
+  lat = rnd(params.latency[op])  # [L, E]
+  raw = params.res_cycles[op]  # [L, R]
+  cyc = jnp.where(raw > 0, jnp.maximum(rnd(raw), 1) if hard else raw, 0)
   # Edge weights: the producer's latency for that write minus the reader's advance.
-  ignore = structure.ignores_reads[op]  # [L]
-  src = blocks.dep_src
-  prod_lat = jnp.take_along_axis(r(params.latency[op[src]]), blocks.dep_role[..., None],
-                                 axis=-1)[..., 0]
-  adv = jnp.take_along_axis(r(params.read_advance[op]), blocks.dep_class, axis=-1)
+  prod_lat = jnp.take_along_axis(rnd(params.latency[op[blocks.dep_src]]),
+                                 blocks.dep_role[..., None], axis=-1)[..., 0]
+  adv = jnp.take_along_axis(rnd(params.read_advance[op]), blocks.dep_class, axis=-1)
   dep_w = jnp.maximum(prod_lat - adv, 0)
   # A partial write that waits for the write it merges into (llvm-mca's
   # WriteState::isReady) may issue once that write has fewer cycles left than the
   # partial write's own latency, or none at all.
-  waw = blocks.dep_waw >= 0
   own_lat = jnp.take_along_axis(lat, jnp.maximum(blocks.dep_waw, 0), axis=-1)
-  dep_w = jnp.where(waw, jnp.maximum(prod_lat - jnp.maximum(own_lat, 1) + 1, 0), dep_w)
+  dep_w = jnp.where(blocks.dep_waw >= 0, jnp.maximum(prod_lat - jnp.maximum(own_lat, 1) + 1, 0),
+                    dep_w)
+  return dict(uops=rnd(params.uops[op]), max_latency=jnp.where(elim, 0, jnp.max(lat, axis=-1)),
+              res_cycles=jnp.where(elim[:, None], 0, cyc), dep_w=dep_w)
+
+
+def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBatch) -> Facts:
+  """Facts for ONE block (vmap over blocks). All shapes follow the batch."""
+  params, structure = jax.tree.map(jnp.asarray, (params, structure))
+  op = blocks.opcode
+  n = blocks.length.astype(jnp.int32)
+  U = len(layout.units)
+  nums = jax.tree.map(lambda x: x.astype(jnp.int32), timing(params, blocks, hard=True))
+  uops = nums["uops"]
+  rob = jnp.round(params.rob_size).astype(jnp.int32)
+  elim = blocks.eliminated
+  max_latency = nums["max_latency"]
+  cyc = nums["res_cycles"]
+  unit_cycles = cyc[:, :U]
+  grp_cycles_all = cyc[:, U:]
+  any_res = jnp.any(cyc > 0, axis=-1)
+  zero_latency = (max_latency == 0) & ~any_res
+  ignore = structure.ignores_reads[op]  # [L]
+  src = blocks.dep_src
+  dep_w = nums["dep_w"]
+  waw = blocks.dep_waw >= 0
   c = jnp.arange(op.shape[0], dtype=jnp.int32)
   dep_off = c[:, None] - src + blocks.dep_dist * n
   # Idioms ignore their explicit register sources (llvm-mca's InstrBuilder marks only

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from diffsim.sim.facts import BIG, Facts
-from diffsim.sim.state import LOAD, LOAD_BARRIER, STORE, STORE_BARRIER, State, inflight, slot_dyn
+from diffsim.sim.state import (ISSUE, LOAD, LOAD_BARRIER, ORDER, PREV, STORE, STORE_BARRIER,
+                               State, inflight, slot_dyn)
 
 K = 4  # candidates considered per round
 
@@ -92,33 +93,56 @@ def can_take(res, row, members, t) -> jax.Array:
   return ok
 
 
-def take(res, row, members, t, on):
-  """Allocates the candidate's resources (when `on`): direct units, then groups."""
+def take(res, row, members, t, on, dyn=None):
+  """Allocates the candidate's resources (when `on`): direct units, then groups.
+
+  `res` is (busy_until, seq, skip, reserved_until, last_user, last_col, rec). With
+  `dyn` (the candidate's dynamic index, when a trace is kept) each use records in
+  `rec` [uses, 2] the unit's previous user and its column: for a group, that of the
+  member that freed up first, the one the candidate could at the earliest have had.
+  """
+  U = res[0].shape[0]
+  DU = row["dunit"].shape[0]
+
+  def remember(res, j, prev_unit, unit, col, use):
+    if dyn is None:
+      return res
+    busy, seq, skip, reserved_until, last_user, last_col, rec = res
+    prev = jnp.stack([_get(last_user, prev_unit), _get(last_col, prev_unit)])
+    rec = rec.at[j].set(jnp.where(use, prev, jnp.array([-1, 0])))
+    last_user = _set(last_user, unit, dyn, use)
+    last_col = _set(last_col, unit, col, use)
+    return busy, seq, skip, reserved_until, last_user, last_col, rec
 
   def unit(j, res):
-    busy, seq, skip, reserved_until = res
+    busy, seq, skip, *rest = res
     u, use = row["dunit"][j], on & row["dunit_on"][j]
+    res = remember(res, j, u, u, u, use)
     busy = _set(busy, u, t + row["dunit_cycles"][j], use)
     seq, skip = notify(seq, skip, members, (1 << u).astype(jnp.int32), use)
-    return busy, seq, skip, reserved_until
+    return (busy, seq, skip) + tuple(res[3:])
 
   def group(q, res):
-    busy, seq, skip, reserved_until = res
+    busy, seq, skip, reserved_until, *rest = res
     g, cyc = row["grp"][q], row["grp_cycles"][q]
     group_on = on & row["grp_on"][q]
     reserve = row["grp_reserved"][q]
     reserved_until = _set(reserved_until, g, t + cyc, group_on & reserve)
-    unit, bit, seq_g, skip_g = choose(_get(seq, g), _get(skip, g), _get(members, g),
-                                      _free(busy, t))
+    g_members = _get(members, g)
+    unit, bit, seq_g, skip_g = choose(_get(seq, g), _get(skip, g), g_members, _free(busy, t))
     pick = group_on & ~reserve
+    if dyn is not None:
+      in_g = ((g_members >> jnp.arange(U, dtype=jnp.int32)) & 1) != 0
+      first_free = jnp.argmin(jnp.where(in_g, busy, BIG)).astype(jnp.int32)
+      res = remember(res, DU + q, first_free, unit, U + g, pick)
     seq = _set(seq, g, seq_g, pick)
     skip = _set(skip, g, skip_g, pick)
     busy = _set(busy, unit, t + cyc, pick)
     seq, skip = notify(seq, skip, members, bit, pick)
-    return busy, seq, skip, reserved_until
+    return (busy, seq, skip, reserved_until) + tuple(res[4:])
 
   # Direct units in bit order, then kept groups in llvm-mca's order.
-  res = lax.fori_loop(0, row["dunit"].shape[0], unit, res)
+  res = lax.fori_loop(0, DU, unit, res)
   return lax.fori_loop(0, row["grp"].shape[0], group, res)
 
 
@@ -180,22 +204,30 @@ def _round(state: State, facts: Facts, members, tried):
   # issued); llvm-mca then picks the best ready one again, so the scan stops there.
   wakes_k = facts.zero_use[c_k] | (mem_k & jnp.any(store & cand))
 
+  record = state.trace.shape[0] > 0  # static: keep the schedule's decisions
+  uses = rows["dunit"].shape[-1] + rows["grp"].shape[-1]
+
   def scan(k, carry):  # the candidates in priority order
-    res, issued, done_older, seen = carry
+    res, issued, done_older, seen, recs = carry
     row = {name: v[k] for name, v in rows.items()}
     go = valid[k] & ~jnp.any(issued & wakes_k)
     ok = go & can_take(res, row, members, t)
     ok &= ~store_k[k] | (older[k] == done_older[k])
-    res = take(res, row, members, t, ok)
+    res = take(res + (jnp.full((uses, 2), -1, jnp.int32),), row, members, t, ok,
+               dyn_k[k] if record else None)
+    res, rec = res[:-1], res[-1]
+    recs = recs.at[k].set(rec)
     issued = _set(issued, k, True, ok)
     seen = _set(seen, k, True, go)
     done_older = done_older + (ok & mem_k[k] & (dyn_k[k] < dyn_k)).astype(jnp.int32)
-    return res, issued, done_older, seen
+    return res, issued, done_older, seen, recs
 
-  res = (state.busy_until, state.seq, state.skip, state.reserved_until)
-  res, issued, _, seen = lax.fori_loop(0, K, scan, (res, jnp.zeros(K, bool),
-                                                    jnp.zeros(K, jnp.int32), jnp.zeros(K, bool)))
-  busy, seq, skip, reserved_until = res
+  res = (state.busy_until, state.seq, state.skip, state.reserved_until, state.last_user,
+         state.last_col)
+  res, issued, _, seen, recs = lax.fori_loop(
+      0, K, scan, (res, jnp.zeros(K, bool), jnp.zeros(K, jnp.int32), jnp.zeros(K, bool),
+                   jnp.full((K, uses, 2), -1, jnp.int32)))
+  busy, seq, skip, reserved_until, last_user, last_col = res
 
   # Write back: issue cycles, scheduler entries, and wake the dispatched readers.
   slot_i = jnp.where(issued, slots, W)
@@ -219,12 +251,15 @@ def _round(state: State, facts: Facts, members, tried):
           | mem_issued & jnp.any(store & cand & ~jnp.zeros(W, bool).at[
               jnp.where(issued, slots, W)].set(True, mode="drop"))
           | (jnp.sum(cand & ~tried) > 0))
+  order = state.issued + jnp.cumsum(issued) - 1  # issue sequence numbers
   state = state.replace(busy_until=busy, seq=seq, skip=skip, reserved_until=reserved_until,
-                        issue_t=issue_t, rs_used=rs_used, ready_t=ready_t, pending=pending,
+                        last_user=last_user, last_col=last_col, issue_t=issue_t, rs_used=rs_used, ready_t=ready_t, pending=pending,
                         issued=state.issued + jnp.sum(issued).astype(jnp.int32))
-  if state.trace.shape[0]:  # static: only when a timeline was asked for
-    state = state.replace(trace=state.trace.at[
-        jnp.where(issued, dyn_k, state.trace.shape[0]), 1].set(t, mode="drop"))
+  if record:
+    rows_k = jnp.where(issued, dyn_k, state.trace.shape[0])
+    state = state.replace(trace=state.trace.at[rows_k, ISSUE].set(t, mode="drop")
+                          .at[rows_k, ORDER].set(order, mode="drop")
+                          .at[rows_k, PREV:].set(recs.reshape(K, -1), mode="drop"))
   return state, tried, more
 
 

@@ -95,6 +95,7 @@ def shift(state: State, periods, dt, di) -> State:
       t=state.t + dcyc, head=state.head + ddyn, next=state.next + ddyn,
       last_retire=state.last_retire + dcyc,
       busy_until=state.busy_until + dcyc, reserved_until=state.reserved_until + dcyc,
+      last_user=jnp.where(state.last_user >= 0, state.last_user + ddyn, -1),
       issue_t=roll(later(state.issue_t)), ready_t=roll(state.ready_t + dcyc),
       pending=roll(state.pending), users=roll(state.users), latency=roll(state.latency),
       flags=roll(state.flags), rob_cost=roll(state.rob_cost),

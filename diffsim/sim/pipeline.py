@@ -87,7 +87,8 @@ def run_block(facts: Facts, params, members, iterations, *, window: int, max_cyc
   g = integer_globals(params)
   U = facts.unit_cycles.shape[-1]
   state = init(facts.n * iterations, U, members, params.buffer_size.shape[0],
-               params.prf_size.shape[0], window, trace)
+               params.prf_size.shape[0], window, trace,
+               facts.dunit.shape[-1] + facts.grp.shape[-1])
 
   state, _ = lax.while_loop(
       lambda c: running(c[0], max_cycles),

@@ -16,6 +16,21 @@ from diffsim.sim.facts import BIG
 
 # Bits of State.flags.
 LOAD, STORE, LOAD_BARRIER, STORE_BARRIER = 1, 2, 4, 8
+# Bits of State.why: what held the next instruction back at its last dispatch try.
+WIDTH, ROB, OTHER = 1, 2, 4
+
+# Columns of State.trace, one row per dynamic instruction: what a timeline shows, and
+# the schedule's decisions that the soft mode (`soft.py`) differentiates through.
+DISPATCH, ISSUE, RETIRE = 0, 1, 2  # cycles (-1 until they happen)
+ORDER = 3  # issue sequence number over the whole run (orders issues within a cycle)
+HEAD = 4  # oldest unretired instruction when it dispatched
+WHY = 5  # `why` bits of its last failed dispatch try (0: it went at its first try)
+PREV = 6  # per resource use j: PREV + 2j = the unit's previous user (dynamic index,
+#           -1 none), PREV + 2j + 1 = the resource column that user held it through
+
+
+def trace_columns(uses: int) -> int:
+  return PREV + 2 * uses
 
 
 @struct.dataclass
@@ -48,11 +63,14 @@ class State:
   prf_cost: jax.Array  # [W, F] int32: physical registers it holds
   overflow: jax.Array  # [] bool: ran past the cycle budget (result invalid)
   issued: jax.Array  # [] int32: instructions issued so far (to detect idle cycles)
-  trace: jax.Array  # [T, 3] int32: dispatch/issue/retire cycle of the first T instructions
+  why: jax.Array  # [] int32: WIDTH/ROB/OTHER: why the next instruction did not dispatch
+  last_user: jax.Array  # [U] int32: dynamic index of each unit's latest user (-1 none)
+  last_col: jax.Array  # [U] int32: the resource column it used the unit through
+  trace: jax.Array  # [T, trace_columns] int32: the first T dynamic instructions
 
 
 def init(total, num_units: int, group_members, num_resources: int, num_files: int,
-         window: int, trace: int = 0) -> State:
+         window: int, trace: int = 0, uses: int = 0) -> State:
   """The empty machine at cycle 0."""
   z = jnp.zeros((), jnp.int32)
   members = jnp.asarray(group_members, jnp.int32)
@@ -68,7 +86,9 @@ def init(total, num_units: int, group_members, num_resources: int, num_files: in
       latency=jnp.zeros(window, jnp.int32), flags=jnp.zeros(window, jnp.int32),
       rob_cost=jnp.zeros(window, jnp.int32),
       prf_cost=jnp.zeros((window, num_files), jnp.int32),
-      overflow=jnp.zeros((), bool), issued=z, trace=jnp.full((trace, 3), -1, jnp.int32))
+      overflow=jnp.zeros((), bool), issued=z, why=z,
+      last_user=jnp.full(num_units, -1, jnp.int32), last_col=jnp.zeros(num_units, jnp.int32),
+      trace=jnp.full((trace, trace_columns(uses)), -1, jnp.int32))
 
 
 def slot_dyn(state: State) -> jax.Array:

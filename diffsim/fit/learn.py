@@ -1,0 +1,275 @@
+"""DiffTune-style parameter learning through the simulator itself.
+
+Each step runs the hard simulator on a minibatch with the current table rounded to
+integers (the schedule), replays that schedule with the float table in soft mode
+(`diffsim.sim.soft`), and takes an optax step on the mean absolute percentage error
+of the steady-state throughput. After each step the table is projected back to
+physical values. Every epoch ends with a validation pass, an orbax checkpoint (the
+table, the optimiser state, the best table so far and the history), and early
+stopping on the validation error of the rounded table: the one that is exported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from diffsim.fit.batches import Minibatch, dynamic_for, minibatches
+from diffsim.params.table import Params, Table
+from diffsim.sim import soft
+from diffsim.sim.api import window_for
+from diffsim.sim.facts import gather
+from diffsim.sim.pipeline import run_block
+
+# What a fit may change; the rest of the table (buffers, queues, register files)
+# stays as the initial table has it.
+TRAINABLE = ("uops", "latency", "read_advance", "res_cycles", "dispatch_width", "rob_size")
+MAX_CYCLES = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class FitConfig:
+  """Hyper-parameters of a fit (defaults: those used for the shipped zen5 table)."""
+
+  epochs: int = 30
+  batch_size: int = 128
+  lr: float = 0.05
+  tau: float = 0.5  # soft-mode temperature, in cycles
+  straight_through: bool = False  # exact forward, tempered backward
+  patience: int = 6  # epochs without a better validation error before stopping
+  seed: int = 0
+  trainable: tuple[str, ...] = TRAINABLE
+
+
+def _mesh():
+  return Mesh(np.array(jax.local_devices()), ("blocks",))
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "window", "dynamic"))
+def record(params, structure, batch, iterations, *, layout, window, dynamic):
+  """The hard schedules of a minibatch: (cycles, overflow, traces), sharded over devices."""
+  members = jnp.asarray(layout.group_members, jnp.int32)
+  spec = PartitionSpec("blocks")
+
+  @functools.partial(jax.shard_map, mesh=_mesh(), in_specs=(PartitionSpec(), spec, spec),
+                     out_specs=(spec, spec, spec), check_vma=False)
+  def sharded(params, batch, iterations):
+    def one(block, its):
+      facts = gather(params, structure, layout, block)
+      return run_block(facts, params, members, its, window=window, max_cycles=MAX_CYCLES,
+                       fast_forward=False, trace=dynamic)
+    return jax.vmap(one)(batch, iterations)
+
+  return sharded(params, batch, iterations)
+
+
+def record_local(params, structure, mb: Minibatch, layout, window):
+  """`record`, with the traces gathered onto one device for the replay (which then
+  runs as one program, with no cross-device reduction of the gradient)."""
+  params = jax.device_put(params, NamedSharding(_mesh(), PartitionSpec()))
+  out = record(params, structure, mb.batch, mb.iterations, layout=layout, window=window,
+               dynamic=dynamic_for(mb.length))
+  return jax.device_put(out, jax.local_devices()[0])
+
+
+def _predict(params, structure, layout, batch, traces, iterations, tau, straight_through):
+  def one(block, trace, its):
+    return soft.block_throughputs(params, structure, layout, block, trace, its, tau,
+                                  straight_through)[1]
+  return jax.vmap(one)(batch, traces, iterations)
+
+
+def _mape(pred, y, weight):
+  return jnp.sum(jnp.abs(pred - y) / y * weight) / jnp.maximum(jnp.sum(weight), 1.0)
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "tau", "straight_through"))
+def loss_and_grad(params, structure, batch, traces, iterations, y, weight, *, layout, tau,
+                  straight_through):
+  """(soft MAPE, soft predictions, gradient) of a recorded minibatch."""
+  def loss(p):
+    pred = _predict(p, structure, layout, batch, traces, iterations, tau, straight_through)
+    return _mape(pred, y, weight), pred
+  (value, pred), grad = jax.value_and_grad(loss, has_aux=True)(params)
+  return value, pred, grad
+
+
+@jax.jit
+def hard_steady(traces, n, iterations):
+  """Steady cycles per 100 iterations of the hard schedules (rounded table)."""
+  def one(trace, n, its):
+    times = jnp.concatenate([trace[:, 0], trace[:, 1], trace[:, 2]]).astype(jnp.float32)
+    return soft.throughputs(times, n, its, trace.shape[0])[1]
+  return jax.vmap(one)(traces, n, iterations)
+
+
+def project(params: Params, init: Params, window: int) -> Params:
+  """Back to physical values: at least one micro-op, no negative latency, resources
+  in use keep a positive (soft) cycle count and unused ones stay unused."""
+  return params.replace(
+      uops=jnp.maximum(params.uops, 1.0),
+      latency=jnp.maximum(params.latency, 0.0),
+      read_advance=jnp.maximum(params.read_advance, jnp.minimum(init.read_advance, 0.0)),
+      res_cycles=jnp.where(init.res_cycles > 0, jnp.maximum(params.res_cycles, 0.05), 0.0),
+      dispatch_width=jnp.clip(params.dispatch_width, 1.0, 16.0),
+      rob_size=jnp.clip(params.rob_size, 16.0, float(window)))
+
+
+def rounded(params: Params) -> Params:
+  """The integer table the hard simulator runs (what gets exported)."""
+  return params.replace(
+      uops=jnp.maximum(jnp.round(params.uops), 1.0), latency=jnp.round(params.latency),
+      read_advance=jnp.round(params.read_advance),
+      res_cycles=jnp.where(params.res_cycles > 0, jnp.maximum(jnp.round(params.res_cycles), 1), 0),
+      dispatch_width=jnp.round(params.dispatch_width), rob_size=jnp.round(params.rob_size))
+
+
+def _mask_grad(grad: Params, trainable) -> Params:
+  return grad.replace(**{f.name: jnp.zeros_like(getattr(grad, f.name))
+                         for f in dataclasses.fields(grad) if f.name not in trainable})
+
+
+class Evaluator:
+  """Soft and hard (rounded-table) MAPE of a fixed set of minibatches."""
+
+  def __init__(self, table: Table, batches: list[Minibatch], window: int):
+    self.table, self.batches, self.window = table, batches, window
+
+  def __call__(self, params: Params, config: FitConfig) -> dict:
+    layout, structure = self.table.layout, self.table.structure
+    soft_err, hard_err, weight = 0.0, 0.0, 0.0
+    for mb in self.batches:
+      _, _, traces = record_local(params, structure, mb, layout, self.window)
+      value, _, _ = loss_and_grad(params, structure, mb.batch, traces, mb.iterations, mb.y,
+                                  mb.weight, layout=layout, tau=config.tau,
+                                  straight_through=config.straight_through)
+      hard = np.asarray(hard_steady(traces, mb.batch.length, mb.iterations))
+      w = float(mb.weight.sum())
+      soft_err += float(value) * w
+      hard_err += float(np.sum(np.abs(hard - mb.y) / mb.y * mb.weight))
+      weight += w
+    return dict(soft=soft_err / max(weight, 1), hard=hard_err / max(weight, 1))
+
+
+@dataclasses.dataclass
+class FitResult:
+  """What a fit produced: the best table (float and rounded) and the history."""
+
+  params: Params  # best float table (by validation error of its rounded form)
+  table: Table  # the initial table the fit started from (its structure and layout)
+  history: list[dict]
+  skipped: dict  # training-set position -> why the block was left out
+  counts: np.ndarray  # [K] training instructions per opcode (`grow.usage`)
+
+
+def _restore_or_init(manager, state):
+  import orbax.checkpoint as ocp
+
+  step = manager.latest_step()
+  if step is None:
+    return state, False
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+  return manager.restore(step, args=ocp.args.StandardRestore(abstract)), True
+
+
+def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
+        progress: bool = True, log=print) -> FitResult:
+  """Fits `table` to the labelled datasets `train` (and `val`); resumable.
+
+  Args:
+    table: the initial table (its layout is kept; see `diffsim.params.export.grow`).
+    train, val: `diffsim.data.Dataset`s with labels in cycles per 100 iterations
+      (steady state); `val` may be None (then the training set is used for early
+      stopping, which is reported as such).
+    out_dir: checkpoints go to out_dir/checkpoints, the history to history.json. A
+      directory holding a checkpoint of the same fit is resumed from it.
+
+  Returns:
+    FitResult with the best table by rounded validation error.
+  """
+  import orbax.checkpoint as ocp
+  from tqdm.auto import tqdm
+
+  out = Path(out_dir).absolute()
+  out.mkdir(parents=True, exist_ok=True)
+  layout, structure = table.layout, table.structure
+  window = window_for(np.asarray(table.params.rob_size))
+  train_b, skipped = minibatches(table, train.hex, train.y, config.batch_size)
+  if not train_b:
+    raise ValueError("no training block can be simulated with this table: "
+                     + "; ".join(f"row {i}: {e}" for i, e in list(skipped.items())[:3]))
+  val_b = minibatches(table, val.hex, val.y, config.batch_size)[0] if val is not None else []
+  evaluate = Evaluator(table, val_b or train_b, window)
+  init = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), table.params)
+  opt = optax.adam(config.lr)
+  state = dict(params=init, opt=opt.init(init), best=init, epoch=jnp.int32(0),
+               best_val=jnp.float32(np.inf), bad=jnp.int32(0))
+  manager = ocp.CheckpointManager(out / "checkpoints",
+                                  options=ocp.CheckpointManagerOptions(max_to_keep=2))
+  state, resumed = _restore_or_init(manager, state)
+  history_file = out / "history.json"
+  history = json.loads(history_file.read_text()) if resumed and history_file.exists() else []
+  if resumed:
+    log(f"resumed from {out / 'checkpoints'} after epoch {int(state['epoch'])}")
+  n_train = sum(int(mb.weight.sum()) for mb in train_b)
+  log(f"fitting {len(table.layout.keys)}-opcode table {layout.cpu!r} on {n_train} blocks "
+      f"({len(skipped)} skipped), validating on "
+      f"{sum(int(mb.weight.sum()) for mb in val_b) if val_b else 'the training'} blocks")
+  if not resumed:
+    before = evaluate(init, config)
+    history.append(dict(epoch=0, train=None, val_soft=before["soft"], val_hard=before["hard"],
+                        seconds=0.0))
+    state["best_val"] = jnp.float32(before["hard"])
+    log(f"initial table: validation {before['soft']:.4f} soft, {before['hard']:.4f} rounded")
+  import time
+
+  for epoch in range(int(state["epoch"]), config.epochs):
+    if int(state["bad"]) >= config.patience:
+      break
+    t0 = time.time()
+    params, opt_state = state["params"], state["opt"]
+    order = np.random.default_rng([config.seed, epoch]).permutation(len(train_b))
+    losses, weights = [], []
+    bar = tqdm(order, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch",
+               disable=not progress, leave=False)
+    for k in bar:
+      mb = train_b[k]
+      _, _, traces = record_local(params, structure, mb, layout, window)
+      value, _, grad = loss_and_grad(params, structure, mb.batch, traces, mb.iterations, mb.y,
+                                     mb.weight, layout=layout, tau=config.tau,
+                                     straight_through=config.straight_through)
+      grad = _mask_grad(grad, config.trainable)
+      updates, opt_state = opt.update(grad, opt_state, params)
+      params = project(optax.apply_updates(params, updates), init, window)
+      losses.append(float(value))
+      weights.append(float(mb.weight.sum()))
+      bar.set_postfix(mape=f"{float(value):.3f}")
+    bar.close()
+    scores = evaluate(params, config)
+    better = scores["hard"] < float(state["best_val"])
+    state = dict(params=params, opt=opt_state,
+                 best=params if better else state["best"], epoch=jnp.int32(epoch + 1),
+                 best_val=jnp.float32(scores["hard"]) if better else state["best_val"],
+                 bad=jnp.int32(0) if better else state["bad"] + 1)
+    train_loss = float(np.average(losses, weights=weights))
+    history.append(dict(epoch=epoch + 1, train=train_loss, val_soft=scores["soft"],
+                        val_hard=scores["hard"], seconds=time.time() - t0))
+    manager.save(epoch + 1, args=ocp.args.StandardSave(state))
+    manager.wait_until_finished()
+    history_file.write_text(json.dumps(history, indent=1))
+    log(f"epoch {epoch + 1}: train MAPE {train_loss:.4f} (soft)  validation "
+        f"{scores['soft']:.4f} soft, {scores['hard']:.4f} rounded"
+        f"{'  *' if better else ''}  {time.time() - t0:.1f} s")
+  manager.close()
+  from diffsim.fit.grow import usage
+
+  return FitResult(params=state["best"], table=table, history=history, skipped=skipped,
+                   counts=usage(table, train_b))

@@ -1,0 +1,172 @@
+"""Soft mode: the hard schedule replayed with differentiable cycle numbers."""
+
+import csv
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from diffsim.data import shipped
+from diffsim.isa import decode_blocks, parse_asm
+from diffsim.isa.encode import encode, renaming_for
+from diffsim.params.table import load_table
+from diffsim.sim import soft
+from diffsim.sim.api import window_for
+from diffsim.sim.facts import gather
+from diffsim.sim.pipeline import run_block
+
+ITS = 16
+
+
+def _record(table, batch, iterations=ITS):
+  """Hard runs with a trace (and the plain fast-forwarded cycle counts)."""
+  members = jnp.asarray(table.layout.group_members, jnp.int32)
+  W = window_for(np.asarray(table.params.rob_size))
+  T = batch.opcode.shape[1] * iterations
+
+  def one(block, fast):
+    f = gather(table.params, table.structure, table.layout, block)
+    return run_block(f, table.params, members, iterations, window=W, max_cycles=1 << 20,
+                     fast_forward=fast, trace=0 if fast else T)
+
+  traced = jax.jit(jax.vmap(lambda b: one(b, False)))(batch)
+  plain = jax.jit(jax.vmap(lambda b: one(b, True)))(batch)
+  return traced, plain
+
+
+def _soft(table, batch, traces, tau, params=None, straight_through=False):
+  params = table.params if params is None else params
+  f = lambda b, t: soft.block_throughputs(params, table.structure, table.layout, b, t, ITS,  # noqa
+                                          tau, straight_through)
+  return jax.vmap(f)(batch, traces)
+
+
+@pytest.fixture(scope="module")
+def blocks():
+  with open(shipped("mca-small.csv")) as f:
+    rows = list(csv.DictReader(f))
+  decoded = decode_blocks([r["hex"] for r in rows[:200]])
+  return [b for b in decoded if not isinstance(b, Exception) and len(b.instrs) <= 8][:64]
+
+
+@pytest.mark.parametrize("cpu", ["haswell", "skylake", "znver3"])
+def test_replay_at_zero_temperature_is_the_hard_simulator(cpu, blocks):
+  """Every modelled constraint is a true lower bound of the hard schedule (no negative
+  slack), and at tau = 0 the replay gives the hard cycle counts exactly."""
+  table = load_table(cpu)
+  batch = encode(blocks, table.layout.index, length=8, renaming=renaming_for(table))
+  (cycles, _, traces), (plain, _) = _record(table, batch)
+  np.testing.assert_array_equal(cycles, plain)  # tracing changes nothing
+  total, _, min_slack = _soft(table, batch, traces, 0.0)
+  assert float(jnp.min(min_slack)) >= 0
+  np.testing.assert_array_equal(np.asarray(total), np.asarray(cycles, np.float32))
+
+
+def test_soft_tends_to_hard_as_temperature_falls(blocks):
+  table = load_table("haswell")
+  batch = encode(blocks, table.layout.index, length=8, renaming=renaming_for(table))
+  (cycles, _, traces), _ = _record(table, batch)
+  gaps = []
+  for tau in (3.0, 1.0, 0.3, 0.1, 0.01):
+    total = np.asarray(_soft(table, batch, traces, tau)[0])
+    gaps.append(float(np.mean(np.abs(total - cycles) / cycles)))
+  assert gaps[0] > 0.001  # a real relaxation at high temperature
+  assert all(a >= b for a, b in zip(gaps, gaps[1:])), gaps
+  assert gaps[-1] < 1e-4, gaps
+
+
+def _chain_batch(table, asm):
+  block = parse_asm(asm)
+  return block, encode([block], table.layout.index, length=8, renaming=renaming_for(table))
+
+
+def test_straight_through_gradient_predicts_the_hard_simulator():
+  """On a latency-bound chain, d(steady)/d(latency) is what the hard simulator does
+  when that latency grows by one cycle: 100 cycles per 100 iterations."""
+  table = load_table("haswell")
+  block, batch = _chain_batch(table, "addq %rbx, %rax; imulq %rax, %rax")
+  (cycles, _, traces), _ = _record(table, batch)
+  k = table.layout.index[block.instrs[1].key]
+
+  def steady(params):
+    return _soft(table, batch, traces, 0.3, params, straight_through=True)[1][0]
+
+  g = jax.grad(steady)(table.params)
+  grad = float(jnp.max(g.latency[k]))
+  bumped = table.params.replace(latency=np.asarray(table.params.latency).copy())
+  bumped.latency[k] += 1
+  (_, _, traces2), _ = _record(_with(table, bumped), batch)
+  before = float(_soft(table, batch, traces, 0.0)[1][0])
+  after = float(_soft(_with(table, bumped), batch, traces2, 0.0)[1][0])
+  assert after - before == pytest.approx(100.0)
+  assert grad == pytest.approx(100.0, rel=0.02)
+  # The read-advance of the chain's reads and the adds' latency count too.
+  assert float(jnp.sum(g.latency[table.layout.index[block.instrs[0].key]])) > 0
+
+
+def _with(table, params):
+  import dataclasses
+
+  return dataclasses.replace(table, params=params)
+
+
+def test_gradients_match_central_differences_in_float64(blocks):
+  """Where the relaxed model is smooth (tau > 0), autodiff agrees with central finite
+  differences of the same replay, along random directions over every parameter."""
+  table = load_table("znver3")
+  batch = encode(blocks[:16], table.layout.index, length=8, renaming=renaming_for(table))
+  (_, _, traces), _ = _record(table, batch)
+  with jax.enable_x64(True):
+    # Off the integer grid: there ties (a max over equal latencies) are kinks.
+    rng = np.random.default_rng(0)
+    # Resources in use stay in use, unused ones unused.
+    p64 = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64)
+                       + 0.1 * rng.uniform(size=np.shape(x)), table.params)
+    p64 = p64.replace(res_cycles=jnp.where(np.asarray(table.params.res_cycles) > 0,
+                                           p64.res_cycles, 0.0))
+
+    def f(params):
+      return jnp.mean(_soft(table, batch, traces, 0.7, params)[1])
+
+    grad = jax.grad(f)(p64)
+    # (uops and the widths move the schedule only straight through: see the next test)
+    for name in ("latency", "read_advance", "res_cycles"):
+      v = rng.normal(size=np.shape(getattr(p64, name)))
+      if name == "res_cycles":
+        v = v * (np.asarray(table.params.res_cycles) > 0)  # unused stay unused
+      v = v / np.linalg.norm(v)
+      direction = jax.tree.map(jnp.zeros_like, p64).replace(**{name: jnp.asarray(v)})
+      eps = 1e-6
+      plus = jax.tree.map(lambda a, d: a + eps * d, p64, direction)
+      minus = jax.tree.map(lambda a, d: a - eps * d, p64, direction)
+      fd = (f(plus) - f(minus)) / (2 * eps)
+      ad = float(jnp.sum(getattr(grad, name) * v))
+      assert abs(fd) > 1e-4, name  # the direction matters
+      assert ad == pytest.approx(float(fd), rel=1e-5, abs=1e-6), name
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.05, 1.0, 10.0])
+def test_no_nan_or_inf_in_gradients(tau, blocks):
+  table = load_table("skylake")
+  batch = encode(blocks, table.layout.index, length=8, renaming=renaming_for(table))
+  (_, _, traces), _ = _record(table, batch)
+  for st in (False, True):
+    g = jax.grad(lambda p: jnp.mean(_soft(table, batch, traces, tau, p, st)[1]))(table.params)
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(g))
+
+
+def test_width_and_uop_gradients_follow_the_dispatch_bound():
+  """A dispatch-bound block takes n * uops / width cycles per iteration; the straight-
+  through gradients are those of that fluid bound, and the hard simulator agrees."""
+  table = load_table("haswell")  # 4-wide
+  block, batch = _chain_batch(table, "; ".join(["nop"] * 8))
+  (_, _, traces), _ = _record(table, batch)
+  steady = lambda p: _soft(table, batch, traces, 0.0, p)[1][0]  # noqa: E731
+  assert float(steady(table.params)) == pytest.approx(200.0)
+  g = jax.grad(steady)(table.params)
+  assert float(g.dispatch_width) == pytest.approx(-8 * 100 / 16, rel=0.05)
+  assert float(g.uops[table.layout.index[block.instrs[0].key]]) == pytest.approx(200, rel=0.05)
+  wider = _with(table, table.params.replace(dispatch_width=np.float32(5)))
+  (_, _, traces5), _ = _record(wider, batch)
+  assert float(_soft(wider, batch, traces5, 0.0)[1][0]) < 200  # and the hard run agrees
