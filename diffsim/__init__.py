@@ -50,13 +50,18 @@ _EXPORTS = {
   "Prediction": "diffsim.sim",
   "simulate": "diffsim.sim",
   "simulate_blocks": "diffsim.sim",
+  "simulate_soft": "diffsim.sim",
   "simulate_sweep": "diffsim.sim",
+  # Learning tables from measurements.
+  "fit": "diffsim.fit",
+  "FitConfig": "diffsim.fit",
 }
-_SUBPACKAGES = ("isa", "mca", "data", "params", "sim")
+_SUBPACKAGES = ("isa", "mca", "data", "params", "sim", "fit")
 
 __all__ = [
   "Block",
   "DecodeError",
+  "FitConfig",
   "Instr",
   "Prediction",
   "__version__",
@@ -64,6 +69,7 @@ __all__ = [
   "block_to_json",
   "decode_block",
   "decode_blocks",
+  "fit",
   "load_csv",
   "load_rows",
   "load_table",
@@ -73,6 +79,7 @@ __all__ = [
   "shipped",
   "simulate",
   "simulate_blocks",
+  "simulate_soft",
   "simulate_sweep",
   "split",
   "steady",
@@ -100,7 +107,10 @@ if TYPE_CHECKING:  # static analysers see plain re-exports
   from diffsim.sim import Prediction as Prediction
   from diffsim.sim import simulate as simulate
   from diffsim.sim import simulate_blocks as simulate_blocks
+  from diffsim.sim import simulate_soft as simulate_soft
   from diffsim.sim import simulate_sweep as simulate_sweep
+  from diffsim.fit import FitConfig as FitConfig
+  from diffsim.fit import fit as fit
 
 
 def __getattr__(name: str) -> Any:

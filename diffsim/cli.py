@@ -227,7 +227,7 @@ def _report_failures(what: str, preds: Sequence[tuple[float | None, str | None]]
 # The two predictors, with one result shape: (cycles per 100 iterations | None, error).
 
 
-def _mca_predict(blocks: Sequence, mcpu: str, iterations: int, throughput: str,
+def mca_predict(blocks: Sequence, mcpu: str, iterations: int, throughput: str,
                  progress: bool) -> list[tuple[float | None, str | None]]:
   """llvm-mca 14's prediction for each decoded block (errors passed through)."""
   from diffsim.mca import McaError, run_mca, steady
@@ -263,7 +263,7 @@ def _load_table(params: str):
     raise CliError(f"--params {params}: {e}") from None
 
 
-def _sim_predict(table, blocks: Sequence, iterations: int, throughput: str,
+def sim_predict(table, blocks: Sequence, iterations: int, throughput: str,
                  progress: bool) -> list[tuple[float | None, str | None]]:
   """The simulator's prediction for each decoded block (errors passed through)."""
   _enable_compile_cache()
@@ -335,7 +335,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
 def cmd_mca(args: argparse.Namespace) -> int:
   _, rows = _read_rows(args)
   blocks = _decode(rows, args.progress)
-  preds = _mca_predict(blocks, args.mcpu, args.iterations, args.throughput, args.progress)
+  preds = mca_predict(blocks, args.mcpu, args.iterations, args.throughput, args.progress)
   _write_predictions(args.output, [_hex_field(r) for r in rows], preds)
   _report_failures(f"llvm-mca -mcpu={args.mcpu}", preds)
   return 0
@@ -345,7 +345,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
   table = _load_table(args.params)
   _, rows = _read_rows(args)
   blocks = _decode(rows, args.progress)
-  preds = _sim_predict(table, blocks, args.iterations, args.throughput, args.progress)
+  preds = sim_predict(table, blocks, args.iterations, args.throughput, args.progress)
   _write_predictions(args.output, [_hex_field(r) for r in rows], preds)
   _report_failures(f"diffsim --params {args.params}", preds)
   return 0
@@ -372,10 +372,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
   blocks = _decode(labelled, args.progress)
   if args.mca is not None:
     who = f"llvm-mca -mcpu={args.mca}"
-    preds = _mca_predict(blocks, args.mca, args.iterations, args.throughput, args.progress)
+    preds = mca_predict(blocks, args.mca, args.iterations, args.throughput, args.progress)
   else:
     who = f"diffsim --params {args.params}"
-    preds = _sim_predict(table, blocks, args.iterations, args.throughput, args.progress)
+    preds = sim_predict(table, blocks, args.iterations, args.throughput, args.progress)
   y = np.array([r.y for r in labelled], np.float64)
   pred = np.array([math.nan if v is None else v for v, _ in preds], np.float64)
   s = metrics.summary(pred, y)
@@ -447,10 +447,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
   blocks = _decode(rows, args.progress)
   t_decode = time.perf_counter() - t0
   t0 = time.perf_counter()
-  mca = _mca_predict(blocks, mcpu, args.iterations, args.throughput, args.progress)
+  mca = mca_predict(blocks, mcpu, args.iterations, args.throughput, args.progress)
   t_mca = time.perf_counter() - t0
   t0 = time.perf_counter()
-  sim = _sim_predict(table, blocks, args.iterations, args.throughput, args.progress)
+  sim = sim_predict(table, blocks, args.iterations, args.throughput, args.progress)
   t_sim = time.perf_counter() - t0
 
   a = np.array([math.nan if v is None else v for v, _ in sim], np.float64)
@@ -536,16 +536,16 @@ def cmd_fit(args: argparse.Namespace) -> int:
          f"{len(test)} test blocks (seed {args.seed})")
   table = _load_table(args.init)
   config = FitConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                     tau=args.tau, straight_through=args.straight_through,
+                     tau=args.tau, straight_through=args.straight_through, prior=args.prior,
                      patience=args.patience, seed=args.seed)
   mca = args.mca
   if mca is None:  # default: the initial table's llvm-mca model, when there is one
     from diffsim.mca import mca_cpus
 
     mca = [table.layout.cpu] if table.layout.cpu in mca_cpus(include_generic=True) else []
-  predictors = {f"llvm-mca -mcpu={cpu}": (lambda blocks, cpu=cpu: _mca_predict(
+  predictors = {f"llvm-mca -mcpu={cpu}": (lambda blocks, cpu=cpu: mca_predict(
       blocks, cpu, 100, "steady", args.progress)) for cpu in mca}
-  simulate = lambda t: (lambda blocks: _sim_predict(t, blocks, 100, "steady", args.progress))  # noqa
+  simulate = lambda t: (lambda blocks: sim_predict(t, blocks, 100, "steady", args.progress))  # noqa
   decode = lambda hexes: decode_blocks(hexes, progress=args.progress)  # noqa: E731
   fit_and_report(table, train, val, test, Path(args.out), config, init_name=args.init,
                  name=args.name, grow=args.grow, predictors=predictors, simulate=simulate,
@@ -655,7 +655,10 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--name", default="fitted", help="CPU name written into params.json")
   p.add_argument("--epochs", type=_positive_int, default=30)
   p.add_argument("--batch-size", type=_positive_int, default=128)
-  p.add_argument("--lr", type=float, default=0.05, help="Adam step size (default 0.05)")
+  p.add_argument("--lr", type=float, default=0.1,
+                 help="Adam's peak step size, cosine-decayed (default 0.1)")
+  p.add_argument("--prior", type=float, default=1e-3,
+                 help="weight of the pull towards the initial table (default 1e-3)")
   p.add_argument("--tau", type=float, default=0.5,
                  help="soft-mode temperature in cycles (0: exact max; default 0.5)")
   p.add_argument("--straight-through", action="store_true",

@@ -20,19 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from diffsim.fit.batches import Minibatch, dynamic_for, minibatches
 from diffsim.params.table import Params, Table
 from diffsim.sim import soft
-from diffsim.sim.api import window_for
-from diffsim.sim.facts import gather
-from diffsim.sim.pipeline import run_block
+from diffsim.sim.api import record_schedules, window_for
 
 # What a fit may change; the rest of the table (buffers, queues, register files)
 # stays as the initial table has it.
 TRAINABLE = ("uops", "latency", "read_advance", "res_cycles", "dispatch_width", "rob_size")
-MAX_CYCLES = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,42 +37,21 @@ class FitConfig:
 
   epochs: int = 30
   batch_size: int = 128
-  lr: float = 0.05
+  lr: float = 0.1  # Adam's peak step (cycles), cosine-decayed to lr / 10
+  prior: float = 1e-3  # weight of the squared distance from the initial table
   tau: float = 0.5  # soft-mode temperature, in cycles
   straight_through: bool = False  # exact forward, tempered backward
+  quantize: bool = True  # fit the rounded table: integers forward, identity backward
   patience: int = 6  # epochs without a better validation error before stopping
   seed: int = 0
   trainable: tuple[str, ...] = TRAINABLE
 
 
-def _mesh():
-  return Mesh(np.array(jax.local_devices()), ("blocks",))
-
-
-@functools.partial(jax.jit, static_argnames=("layout", "window", "dynamic"))
-def record(params, structure, batch, iterations, *, layout, window, dynamic):
-  """The hard schedules of a minibatch: (cycles, overflow, traces), sharded over devices."""
-  members = jnp.asarray(layout.group_members, jnp.int32)
-  spec = PartitionSpec("blocks")
-
-  @functools.partial(jax.shard_map, mesh=_mesh(), in_specs=(PartitionSpec(), spec, spec),
-                     out_specs=(spec, spec, spec), check_vma=False)
-  def sharded(params, batch, iterations):
-    def one(block, its):
-      facts = gather(params, structure, layout, block)
-      return run_block(facts, params, members, its, window=window, max_cycles=MAX_CYCLES,
-                       fast_forward=False, trace=dynamic)
-    return jax.vmap(one)(batch, iterations)
-
-  return sharded(params, batch, iterations)
-
-
 def record_local(params, structure, mb: Minibatch, layout, window):
-  """`record`, with the traces gathered onto one device for the replay (which then
-  runs as one program, with no cross-device reduction of the gradient)."""
-  params = jax.device_put(params, NamedSharding(_mesh(), PartitionSpec()))
-  out = record(params, structure, mb.batch, mb.iterations, layout=layout, window=window,
-               dynamic=dynamic_for(mb.length))
+  """The minibatch's hard schedules (`record_schedules`), gathered onto one device for
+  the replay (which then runs as one program, with no cross-device reduction)."""
+  out = record_schedules(params, structure, layout, mb.batch, mb.iterations, window=window,
+                         dynamic=dynamic_for(mb.length))
   return jax.device_put(out, jax.local_devices()[0])
 
 
@@ -87,18 +62,32 @@ def _predict(params, structure, layout, batch, traces, iterations, tau, straight
   return jax.vmap(one)(batch, traces, iterations)
 
 
+soft_predictions = jax.jit(_predict, static_argnames=("layout", "tau", "straight_through"))
+
+
 def _mape(pred, y, weight):
   return jnp.sum(jnp.abs(pred - y) / y * weight) / jnp.maximum(jnp.sum(weight), 1.0)
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "tau", "straight_through"))
+@functools.partial(jax.jit, static_argnames=("layout", "tau", "straight_through", "quantize"))
 def loss_and_grad(params, structure, batch, traces, iterations, y, weight, *, layout, tau,
-                  straight_through):
-  """(soft MAPE, soft predictions, gradient) of a recorded minibatch."""
+                  straight_through, init=None, prior=0.0, quantize=False):
+  """(soft MAPE, soft predictions, gradient) of a recorded minibatch.
+
+  With `init`, the gradient also pulls towards the initial table (a Gaussian prior
+  of weight `prior`): parameters the data say nothing about stay where they were,
+  and those they say little about move only as far as the evidence carries them.
+  """
   def loss(p):
-    pred = _predict(p, structure, layout, batch, traces, iterations, tau, straight_through)
-    return _mape(pred, y, weight), pred
-  (value, pred), grad = jax.value_and_grad(loss, has_aux=True)(params)
+    q = quantized(p) if quantize else p
+    pred = _predict(q, structure, layout, batch, traces, iterations, tau, straight_through)
+    value = _mape(pred, y, weight)
+    penalty = 0.0
+    if init is not None:
+      penalty = prior * sum(jnp.sum((getattr(p, k) - getattr(init, k)) ** 2)
+                            for k in ("uops", "latency", "read_advance", "res_cycles"))
+    return value + penalty, (value, pred)
+  (_, (value, pred)), grad = jax.value_and_grad(loss, has_aux=True)(params)
   return value, pred, grad
 
 
@@ -123,6 +112,14 @@ def project(params: Params, init: Params, window: int) -> Params:
       rob_size=jnp.clip(params.rob_size, 16.0, float(window)))
 
 
+def quantized(params: Params) -> Params:
+  """`rounded` forward, identity backward: the loss is that of the integer table the
+  hard simulator runs, while the gradient still moves the float values (so a
+  resource pushed below one cycle keeps saying so, see `grow`)."""
+  sg = jax.lax.stop_gradient
+  return jax.tree.map(lambda p, r: p + sg(r - p), params, rounded(params))
+
+
 def rounded(params: Params) -> Params:
   """The integer table the hard simulator runs (what gets exported)."""
   return params.replace(
@@ -138,7 +135,8 @@ def _mask_grad(grad: Params, trainable) -> Params:
 
 
 class Evaluator:
-  """Soft and hard (rounded-table) MAPE of a fixed set of minibatches."""
+  """MAPE of a fixed set of minibatches: `soft` for the float table (before rounding),
+  `hard` for the rounded table in the hard simulator (what is exported)."""
 
   def __init__(self, table: Table, batches: list[Minibatch], window: int):
     self.table, self.batches, self.window = table, batches, window
@@ -148,12 +146,12 @@ class Evaluator:
     soft_err, hard_err, weight = 0.0, 0.0, 0.0
     for mb in self.batches:
       _, _, traces = record_local(params, structure, mb, layout, self.window)
-      value, _, _ = loss_and_grad(params, structure, mb.batch, traces, mb.iterations, mb.y,
-                                  mb.weight, layout=layout, tau=config.tau,
-                                  straight_through=config.straight_through)
+      # The float table as it is (before rounding), on the rounded table's schedule.
+      pred = np.asarray(soft_predictions(params, structure, layout, mb.batch, traces,
+                                         mb.iterations, config.tau, config.straight_through))
       hard = np.asarray(hard_steady(traces, mb.batch.length, mb.iterations))
       w = float(mb.weight.sum())
-      soft_err += float(value) * w
+      soft_err += float(np.sum(np.abs(pred - mb.y) / mb.y * mb.weight))
       hard_err += float(np.sum(np.abs(hard - mb.y) / mb.y * mb.weight))
       weight += w
     return dict(soft=soft_err / max(weight, 1), hard=hard_err / max(weight, 1))
@@ -170,14 +168,40 @@ class FitResult:
   counts: np.ndarray  # [K] training instructions per opcode (`grow.usage`)
 
 
+def _bar(items, desc: str, enabled: bool):
+  """A tqdm progress bar over `items`, or a silent stand-in."""
+  if enabled:
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, unit="batch", leave=False)
+
+  class Silent(list):
+    def set_postfix(self, **_):
+      pass
+
+    def close(self):
+      pass
+
+  return Silent(items)
+
+
+def _leaves(state) -> dict:
+  """The checkpointed form of the fit state: its non-empty leaves by position (orbax
+  cannot save zero-size arrays, and tables without register files have some)."""
+  return {f"{i:04d}": x for i, x in enumerate(jax.tree.leaves(state)) if np.size(x)}
+
+
 def _restore_or_init(manager, state):
   import orbax.checkpoint as ocp
 
   step = manager.latest_step()
   if step is None:
     return state, False
-  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-  return manager.restore(step, args=ocp.args.StandardRestore(abstract)), True
+  like = _leaves(state)
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+  saved = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+  leaves, treedef = jax.tree.flatten(state)
+  return treedef.unflatten([saved.get(f"{i:04d}", x) for i, x in enumerate(leaves)]), True
 
 
 def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
@@ -196,7 +220,6 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
     FitResult with the best table by rounded validation error.
   """
   import orbax.checkpoint as ocp
-  from tqdm.auto import tqdm
 
   out = Path(out_dir).absolute()
   out.mkdir(parents=True, exist_ok=True)
@@ -209,7 +232,8 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
   val_b = minibatches(table, val.hex, val.y, config.batch_size)[0] if val is not None else []
   evaluate = Evaluator(table, val_b or train_b, window)
   init = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), table.params)
-  opt = optax.adam(config.lr)
+  steps = config.epochs * len(train_b)
+  opt = optax.adam(optax.cosine_decay_schedule(config.lr, steps, alpha=0.1))
   state = dict(params=init, opt=opt.init(init), best=init, epoch=jnp.int32(0),
                best_val=jnp.float32(np.inf), bad=jnp.int32(0))
   manager = ocp.CheckpointManager(out / "checkpoints",
@@ -238,14 +262,14 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
     params, opt_state = state["params"], state["opt"]
     order = np.random.default_rng([config.seed, epoch]).permutation(len(train_b))
     losses, weights = [], []
-    bar = tqdm(order, desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch",
-               disable=not progress, leave=False)
+    bar = _bar(order, f"epoch {epoch + 1}/{config.epochs}", progress)
     for k in bar:
       mb = train_b[k]
       _, _, traces = record_local(params, structure, mb, layout, window)
       value, _, grad = loss_and_grad(params, structure, mb.batch, traces, mb.iterations, mb.y,
                                      mb.weight, layout=layout, tau=config.tau,
-                                     straight_through=config.straight_through)
+                                     straight_through=config.straight_through, init=init,
+                                     prior=config.prior, quantize=config.quantize)
       grad = _mask_grad(grad, config.trainable)
       updates, opt_state = opt.update(grad, opt_state, params)
       params = project(optax.apply_updates(params, updates), init, window)
@@ -254,7 +278,8 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
       bar.set_postfix(mape=f"{float(value):.3f}")
     bar.close()
     scores = evaluate(params, config)
-    better = scores["hard"] < float(state["best_val"])
+    # (best_val is stored in float32: an unchanged score must not count as better)
+    better = scores["hard"] < float(state["best_val"]) - 1e-6
     state = dict(params=params, opt=opt_state,
                  best=params if better else state["best"], epoch=jnp.int32(epoch + 1),
                  best_val=jnp.float32(scores["hard"]) if better else state["best_val"],
@@ -262,7 +287,7 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
     train_loss = float(np.average(losses, weights=weights))
     history.append(dict(epoch=epoch + 1, train=train_loss, val_soft=scores["soft"],
                         val_hard=scores["hard"], seconds=time.time() - t0))
-    manager.save(epoch + 1, args=ocp.args.StandardSave(state))
+    manager.save(epoch + 1, args=ocp.args.StandardSave(_leaves(state)))
     manager.wait_until_finished()
     history_file.write_text(json.dumps(history, indent=1))
     log(f"epoch {epoch + 1}: train MAPE {train_loss:.4f} (soft)  validation "

@@ -44,8 +44,10 @@ TABLES_DIR = Path(__file__).parent / "tables"
 
 
 def natural_key(name: str):
-  """Sort key that compares digit runs as numbers (HWPort2 < HWPort10)."""
-  return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+  """LLVM's StringRef::compare_numeric order, which TableGen sorts resources by: a
+  longer digit run is larger, equal lengths compare as text (HWPort2 < HWPort10,
+  HWPort15 < HWPort015). Total, so the order never depends on a set's iteration."""
+  return [(len(t), t) if t.isdigit() else (0, t) for t in re.split(r"(\d+)", name)]
 
 
 @struct.dataclass

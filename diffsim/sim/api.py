@@ -18,11 +18,13 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from diffsim.isa.encode import BUCKETS, BlockBatch, encode, renaming_for, table_key
 from diffsim.isa.ir import Block
 from diffsim.params.table import Layout, Params, Structure, Table
+from diffsim.sim import soft
 from diffsim.sim.facts import gather
 from diffsim.sim.pipeline import run_block, run_queue
 
@@ -285,3 +287,64 @@ def timeline(table: Table, block: Block, iterations: int = 10):
                                window=window_for(np.asarray(table.params.rob_size)),
                                trace=n * iterations)
   return int(cycles), np.asarray(trace)[:, :3].reshape(iterations, n, 3)
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "window", "dynamic", "max_cycles"))
+def _record(params, structure, batch, iterations, *, layout, window, dynamic, max_cycles):
+  members = jnp.asarray(layout.group_members, jnp.int32)
+  spec = PartitionSpec("blocks")
+
+  @functools.partial(jax.shard_map, mesh=_mesh(), in_specs=(PartitionSpec(), spec, spec),
+                     out_specs=(spec, spec, spec), check_vma=False)
+  def sharded(params, batch, iterations):
+    def one(block, its):
+      facts = gather(params, structure, layout, block)
+      return run_block(facts, params, members, its, window=window, max_cycles=max_cycles,
+                       fast_forward=False, trace=dynamic)
+    return jax.vmap(one)(batch, iterations)
+
+  return sharded(params, batch, iterations)
+
+
+def record_schedules(params: Params, structure: Structure, layout: Layout, batch: BlockBatch,
+                     iterations, *, window: int, dynamic: int,
+                     max_cycles: int = DEFAULT_MAX_CYCLES):
+  """Hard runs that keep their schedule: (cycles [B], overflow [B], traces [B, T, C]).
+
+  The parameters are rounded as in `simulate`; the first `dynamic` (= T) dynamic
+  instructions of each block are traced (`state.trace`), which is what soft mode
+  replays. Blocks are sharded over the local devices (B must divide evenly).
+  """
+  params = jax.device_put(lax.stop_gradient(params), NamedSharding(_mesh(), PartitionSpec()))
+  return _record(params, structure, batch, iterations, layout=layout, window=window,
+                 dynamic=dynamic, max_cycles=max_cycles)
+
+
+def simulate_soft(table: Table, batch: BlockBatch, params: Params | None = None, *,
+                  iterations: int = 16, tau: float = 0.5, straight_through: bool = False):
+  """Differentiable throughputs: (Total Cycles [B], steady cycles per 100 iterations [B]).
+
+  The hard simulator runs the blocks with `params` rounded (default the table's) and
+  keeps each schedule; soft mode (`diffsim.sim.soft`) replays it with `params` as
+  floats, so the result is differentiable in `params`:
+
+  >>> grad = jax.grad(lambda p: simulate_soft(table, batch, p)[1].mean())(table.params)
+
+  `steady` is measured over the second half of the `iterations` simulated; at
+  tau = 0 both results equal the hard simulator's.
+  """
+  params = jax.tree.map(jnp.asarray, table.params if params is None else params)
+  B, L = batch.opcode.shape
+  n_dev = len(jax.local_devices())
+  batch_p, its = _pad_batch(jax.tree.map(np.asarray, batch), np.full(B, iterations, np.int32),
+                            n_dev)
+  _, _, traces = record_schedules(params, table.structure, table.layout, batch_p, its,
+                                  window=window_for(np.asarray(table.params.rob_size)),
+                                  dynamic=L * iterations)
+  traces = jax.device_put(traces, jax.local_devices()[0])[:B]
+  batch = jax.tree.map(lambda x: x[:B], batch_p)
+
+  def one(block, trace):
+    return soft.block_throughputs(params, table.structure, table.layout, block, trace,
+                                  iterations, tau, straight_through)[:2]
+  return jax.vmap(one)(batch, traces)

@@ -169,8 +169,9 @@ def throughputs(times, n, iterations, T):
 
 def block_throughputs(params, structure, layout, block, trace, iterations: int, tau: float,
                       straight_through: bool = False):
-  """Soft (total, steady, min slack) of ONE block from its hard trace; differentiable
-  in `params` (the hard facts and integer weights are taken at their rounded values)."""
+  """Soft (total, steady, min slack) of ONE encoded block (a row of a `BlockBatch`) from
+  its hard trace; differentiable in `params` (the schedule's structure and the slack
+  come from the rounded table the trace was recorded with)."""
   from diffsim.sim.facts import gather, timing
 
   params = jax.tree.map(jnp.asarray, params)

@@ -170,3 +170,15 @@ def test_width_and_uop_gradients_follow_the_dispatch_bound():
   wider = _with(table, table.params.replace(dispatch_width=np.float32(5)))
   (_, _, traces5), _ = _record(wider, batch)
   assert float(_soft(wider, batch, traces5, 0.0)[1][0]) < 200  # and the hard run agrees
+
+
+def test_simulate_soft_is_the_public_differentiable_entry_point(blocks):
+  from diffsim.sim import simulate, simulate_soft
+
+  table = load_table("haswell")
+  batch = encode(blocks[:12], table.layout.index, length=8, renaming=renaming_for(table))
+  total, steady = simulate_soft(table, batch, iterations=ITS, tau=0.0)
+  hard, _ = simulate(table, batch, ITS)
+  np.testing.assert_array_equal(np.asarray(total), hard.astype(np.float32))
+  g = jax.grad(lambda p: simulate_soft(table, batch, p, iterations=ITS)[1].mean())(table.params)
+  assert float(jnp.abs(g.latency).sum()) > 0

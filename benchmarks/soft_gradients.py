@@ -1,0 +1,118 @@
+"""Soft mode over the corpus: how close soft is to hard, and that gradients stay finite.
+
+1. Gap: on a seeded sample of BHive blocks, the mean relative difference between the
+   soft replay's Total Cycles and the hard simulator's, per temperature (the replay
+   is exact at tau = 0 by construction; the gap measures the relaxation).
+2. Finite gradients: every block of the corpus (or of the sample with --n), with the
+   znver3 table, through the fitting loss at each temperature, plain and straight-
+   through: counts blocks whose gradient has a NaN or inf in any parameter.
+
+  python benchmarks/soft_gradients.py [--n 2000] [--all] [--cpu znver3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import random
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from diffsim.cli import use_all_cores
+from diffsim.data import shared_data_dir, shipped
+from diffsim.fit import learn
+from diffsim.fit.batches import minibatches
+from diffsim.params.table import load_table
+from diffsim.sim import soft
+from diffsim.sim.api import window_for
+
+TAUS = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0)
+GRAD_TAUS = (0.0, 0.1, 1.0)  # (tau = 0 is the same plain and straight through)
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "tau", "straight_through"))
+def finite_gradients(params, structure, batch, traces, iterations, y, *, layout, tau,
+                     straight_through):
+  """[B] bool: each block's own loss gradient is finite in every parameter."""
+  def one(block, trace, its, label):
+    def loss(p):
+      steady = soft.block_throughputs(p, structure, layout, block, trace, its, tau,
+                                      straight_through)[1]
+      return jnp.abs(steady - label) / label
+    g = jax.grad(loss)(params)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)]))
+  return jax.vmap(one)(batch, traces, iterations, y)
+
+
+def corpus(n: int | None, seed: int = 0) -> list[str]:
+  shared = shared_data_dir()
+  if shared is None:
+    with open(shipped("mca-small.csv")) as f:
+      hexes = [r["hex"] for r in csv.DictReader(f)]
+  else:
+    with open(shared / "bhive" / "blocks.csv") as f:
+      hexes = [r[0] for r in csv.reader(f)][1:]
+  random.Random(seed).shuffle(hexes)
+  return hexes if n is None else hexes[:n]
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--n", type=int, default=2000)
+  ap.add_argument("--all", action="store_true", help="the whole corpus for the NaN check")
+  ap.add_argument("--cpu", default="znver3")
+  ap.add_argument("--batch-size", type=int, default=256)
+  args = ap.parse_args()
+  use_all_cores()
+  table = load_table(args.cpu)
+  W = window_for(np.asarray(table.params.rob_size))
+  hexes = corpus(None if args.all else args.n)
+  t0 = time.time()
+  mbs, skipped = minibatches(table, hexes, np.ones(len(hexes)), args.batch_size)
+  print(f"{args.cpu}: {len(hexes)} blocks, {len(skipped)} not simulable, "
+        f"{len(mbs)} minibatches ({time.time() - t0:.0f} s to decode and encode)")
+  gap = {tau: [] for tau in TAUS}
+  bad = {(tau, st): 0 for tau in GRAD_TAUS for st in (False, True)}
+  n_blocks = 0
+  t0 = time.time()
+  for k, mb in enumerate(mbs):
+    cycles, overflow, traces = learn.record_local(table.params, table.structure, mb,
+                                                  table.layout, W)
+    real = (mb.weight > 0) & ~np.asarray(overflow)
+    n_blocks += int(real.sum())
+    hard = np.asarray(learn.hard_steady(traces, mb.batch.length, mb.iterations))
+    for tau in TAUS:
+      pred = np.asarray(learn.soft_predictions(table.params, table.structure, table.layout,
+                                               mb.batch, traces, mb.iterations, tau, False))
+      if len(gap[tau]) < args.n:
+        ok = real & (hard > 0)
+        gap[tau].extend((np.abs(pred - hard) / hard)[ok].tolist())
+    y = np.where(hard > 0, hard, 1.0).astype(np.float32)
+    for tau in GRAD_TAUS:
+      for st in ((False,) if tau == 0 else (False, True)):
+        finite = np.asarray(finite_gradients(
+            table.params, table.structure, mb.batch, traces, mb.iterations, y,
+            layout=table.layout, tau=tau, straight_through=st))
+        bad[(tau, st)] += int(np.sum(real & ~finite))
+    if (k + 1) % 20 == 0:
+      print(f"  {k + 1}/{len(mbs)} minibatches, {time.time() - t0:.0f} s")
+  print(f"\nsoft vs hard steady throughput, {min(args.n, len(gap[0.0]))} blocks "
+        f"(relative gap; tau in cycles)")
+  print(f"  {'tau':>6} {'mean gap':>10} {'p99 gap':>10} {'max gap':>10}")
+  for tau in TAUS:
+    g = np.asarray(gap[tau])
+    print(f"  {tau:6.2f} {g.mean():10.2e} {np.quantile(g, 0.99):10.2e} {g.max():10.2e}")
+  print(f"\nblocks with a NaN or inf anywhere in the gradient, of {n_blocks} "
+        f"({time.time() - t0:.0f} s)")
+  print(f"  {'tau':>6} {'plain':>8} {'straight-through':>17}")
+  for tau in GRAD_TAUS:
+    st = "(same)" if tau == 0 else bad[(tau, True)]
+    print(f"  {tau:6.2f} {bad[(tau, False)]:8d} {st:>17}")
+
+
+if __name__ == "__main__":
+  main()
