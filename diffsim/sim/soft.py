@@ -124,7 +124,7 @@ def event_graph(facts: Facts, trace, iterations, soft: dict, hard: dict, dispatc
       (2 * T + i - 1, live & (i >= 1), jnp.zeros(T), jnp.zeros(T))])
 
   C = 1 + D + prev.shape[-1]
-  pad = lambda x, fill: jnp.pad(x, ((0, 0), (0, C - x.shape[-1])), constant_values=fill)  # noqa
+  pad = lambda x, fill: jnp.pad(x, ((0, 0), (0, C - x.shape[-1])), constant_values=fill)
   src, on, weight, weight_hard = [
       jnp.concatenate([pad(a, f), pad(b, f), pad(r, f)])
       for a, b, r, f in zip(dispatch, issue, retire, (0, False, 0.0, 0.0))]

@@ -37,7 +37,7 @@ def _record(table, batch, iterations=ITS):
 
 def _soft(table, batch, traces, tau, params=None, straight_through=False):
   params = table.params if params is None else params
-  f = lambda b, t: soft.block_throughputs(params, table.structure, table.layout, b, t, ITS,  # noqa
+  f = lambda b, t: soft.block_throughputs(params, table.structure, table.layout, b, t, ITS,
                                           tau, straight_through)
   return jax.vmap(f)(batch, traces)
 
@@ -162,7 +162,7 @@ def test_width_and_uop_gradients_follow_the_dispatch_bound():
   table = load_table("haswell")  # 4-wide
   block, batch = _chain_batch(table, "; ".join(["nop"] * 8))
   (_, _, traces), _ = _record(table, batch)
-  steady = lambda p: _soft(table, batch, traces, 0.0, p)[1][0]  # noqa: E731
+  steady = lambda p: _soft(table, batch, traces, 0.0, p)[1][0]
   assert float(steady(table.params)) == pytest.approx(200.0)
   g = jax.grad(steady)(table.params)
   assert float(g.dispatch_width) == pytest.approx(-8 * 100 / 16, rel=0.05)
