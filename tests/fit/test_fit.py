@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from diffsim.cli import main
 from diffsim.params.table import load_table
@@ -50,7 +49,6 @@ def _fit_process(out: Path, epochs: int):
   return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.slow
 def test_a_killed_fit_resumes_with_nothing_lost(tmp_path):
   """Kill a fit once its first epoch is checkpointed; the rerun resumes there and
   ends with exactly the table of a run that was never interrupted."""
