@@ -25,6 +25,7 @@ from diffsim.fit.batches import Minibatch, dynamic_for, minibatches
 from diffsim.params.table import Params, Table
 from diffsim.sim import soft
 from diffsim.sim.api import record_schedules, window_for
+from diffsim.sim.state import DISPATCH, ISSUE, RETIRE
 
 # What a fit may change; the rest of the table (buffers, queues, register files)
 # stays as the initial table has it.
@@ -95,7 +96,8 @@ def loss_and_grad(params, structure, batch, traces, iterations, y, weight, *, la
 def hard_steady(traces, n, iterations):
   """Steady cycles per 100 iterations of the hard schedules (rounded table)."""
   def one(trace, n, its):
-    times = jnp.concatenate([trace[:, 0], trace[:, 1], trace[:, 2]]).astype(jnp.float32)
+    times = jnp.concatenate([trace[:, DISPATCH], trace[:, ISSUE], trace[:, RETIRE]])
+    times = times.astype(jnp.float32)
     return soft.throughputs(times, n, its, trace.shape[0])[1]
   return jax.vmap(one)(traces, n, iterations)
 

@@ -48,19 +48,29 @@ def plot_history(histories: dict[str, list[dict]], path: Path) -> None:
   plt.close(fig)
 
 
-def held_out_report(dataset, predictors: dict[str, Predictor], decode) -> list[dict]:
-  """Steady-state accuracy of each predictor on a labelled dataset."""
+def held_out_report(dataset, predictors: dict[str, Predictor], decode,
+                    subsets: dict[str, np.ndarray] | None = None) -> list[dict]:
+  """Steady-state accuracy of each predictor on a labelled dataset.
+
+  `subsets` ({name: [N] bool mask}) adds each predictor's metrics on those blocks to
+  its row as `row["subsets"][name]`, from the same predictions (nothing runs twice).
+  """
   from diffsim.data import metrics
+
+  def scores(pred, y):
+    s = metrics.summary(pred, y)
+    return dict(mape=s["mape"], kendall_tau=s["kendall_tau"], within_5pct=s["within_5pct"],
+                n=s["n"], n_failed=int(np.sum(~np.isfinite(pred))))
 
   blocks = decode(list(dataset.hex))
   rows = []
   for name, predict in predictors.items():
     preds = predict(blocks)
     pred = np.array([np.nan if v is None else v for v, _ in preds], np.float64)
-    s = metrics.summary(pred, dataset.y)
-    rows.append(dict(name=name, mape=s["mape"], kendall_tau=s["kendall_tau"],
-                     within_5pct=s["within_5pct"], n=s["n"],
-                     n_failed=int(np.sum(~np.isfinite(pred)))))
+    row = dict(name=name, **scores(pred, dataset.y))
+    if subsets:
+      row["subsets"] = {k: scores(pred[m], dataset.y[m]) for k, m in subsets.items()}
+    rows.append(row)
   return rows
 
 
@@ -75,13 +85,15 @@ def format_report(rows: list[dict], title: str) -> str:
 def fit_and_report(table: Table, train, val, test, out: Path, config: FitConfig, *,
                    init_name: str, name: str, grow: bool, predictors: dict[str, Predictor],
                    simulate: Callable[[Table], Predictor], decode, held_out: str,
-                   progress: bool, log=print) -> dict:
+                   progress: bool, log=print,
+                   subsets: dict[str, np.ndarray] | None = None) -> dict:
   """Fits, exports DIR/params.json, DIR/loss.png and DIR/report.json; returns the report.
 
   Args:
     predictors: llvm-mca (or other) predictors reported beside diffsim's.
     simulate: table -> predictor (steady state, exact hard simulator).
     decode: hexes -> decoded blocks.
+    subsets: named masks over the held-out blocks, also scored (`held_out_report`).
   """
   out.mkdir(parents=True, exist_ok=True)
   result = fit(table, train, val, out / "phase1", config, progress=progress, log=log)
@@ -113,7 +125,7 @@ def fit_and_report(table: Table, train, val, test, out: Path, config: FitConfig,
     runs = dict(predictors)
     runs[f"diffsim {init_name} (initial table)"] = simulate(table)
     runs[f"diffsim {name} (learned, rounded)"] = simulate(learned)
-    rows = held_out_report(target, runs, decode)
+    rows = held_out_report(target, runs, decode, subsets)
     report["held_out_results"] = rows
     print(format_report(rows, f"held-out blocks ({held_out}), steady state vs measured:"))
   (out / "report.json").write_text(json.dumps(report, indent=1, default=float))
