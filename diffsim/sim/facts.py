@@ -52,6 +52,7 @@ class Facts:
   grp_need: jax.Array  # [L, Q] int32: free members the group must have
   grp_reserved: jax.Array  # [L, Q] bool: reserve the whole group instead of one unit
   grp_on: jax.Array  # [L, Q] bool
+  grp_members: jax.Array  # [L, Q] int32: bitmask of each kept group's units (0 if off)
   blocked_by: jax.Array  # [L, G] bool: kept or touched groups; blocked while reserved
   buffers: jax.Array  # [L, R] bool: scheduler buffers taken from dispatch to issue
   may_load: jax.Array  # [L] bool
@@ -180,7 +181,9 @@ def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBa
       use_first=blocks.dep_first[dst, blocks.use_edge], use_last=blocks.dep_last[dst, blocks.use_edge],
       unit_cycles=unit_cycles, unit_mask=unit_mask, dunit=dunit, dunit_cycles=dunit_cycles,
       dunit_on=dunit_cycles > 0, grp=grp, grp_cycles=grp_cycles,
-      grp_need=grp_need, grp_reserved=grp_reserved, grp_on=grp_on, blocked_by=blocked_by,
+      grp_need=grp_need, grp_reserved=grp_reserved, grp_on=grp_on,
+      grp_members=jnp.where(grp_on, jnp.asarray(layout.group_members, jnp.int32)[grp], 0),
+      blocked_by=blocked_by,
       buffers=structure.buffers[op] & ~elim[:, None], may_load=structure.may_load[op],
       may_store=structure.may_store[op], load_barrier=structure.load_barrier[op],
       store_barrier=structure.store_barrier[op],

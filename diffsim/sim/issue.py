@@ -10,12 +10,14 @@ Units and groups are bitmasks over units, so availability is a few integer ops.
 
 llvm-mca's loop ("issue the best available candidate, repeat") equals one pass over
 the candidates in priority order, because within a cycle resources only get taken:
-a candidate that cannot issue now cannot later in the same cycle. So the window is
-scanned once per cycle for the K best candidates, and a short loop over those K
-touches only the small resource state. Two things can add candidates within the
-cycle: a reader woken by a producer whose value it may read at once (latency not
-above its read-advance), and more than K ready candidates; a second round covers
-both.
+a candidate that cannot issue now cannot later in the same cycle. So each round
+first drops every instruction whose resources are already busy (one vectorised test
+per static instruction), takes the K best of the rest from the window, and a short
+loop over those K touches only the small resource state. Two things can add
+candidates within the cycle: a reader woken by a producer whose value it may read at
+once (latency not above its read-advance), and more than K ready candidates; another
+round covers both, and the scan stops early only where an issue may really wake a
+reader (cost: rounds run as long as the slowest block of the batch needs them).
 
 Memory ordering (llvm-mca's default -noalias=true, LSUnit): a store waits until every
 older load and store has issued; a load waits for the latest older load barrier to
@@ -85,9 +87,7 @@ def can_take(res, row, members, t) -> jax.Array:
   busy, reserved_until = res[0], res[3]
   free = _free(busy, t)
   ok = (row["unit_mask"] & ~free) == 0
-  grp_members = jnp.sum(jnp.where(jnp.arange(members.shape[0])[None, :] == row["grp"][:, None],
-                                  members[None, :], 0), axis=-1)
-  free_members = lax.population_count(free & grp_members)
+  free_members = lax.population_count(free & row["grp_members"])
   ok &= jnp.all(~row["grp_on"] | row["grp_reserved"] | (free_members >= row["grp_need"]))
   ok &= ~jnp.any(row["blocked_by"] & (reserved_until > t))
   return ok
@@ -128,7 +128,7 @@ def take(res, row, members, t, on, dyn=None):
     group_on = on & row["grp_on"][q]
     reserve = row["grp_reserved"][q]
     reserved_until = _set(reserved_until, g, t + cyc, group_on & reserve)
-    g_members = _get(members, g)
+    g_members = row["grp_members"][q]
     unit, bit, seq_g, skip_g = choose(_get(seq, g), _get(skip, g), g_members, _free(busy, t))
     pick = group_on & ~reserve
     if dyn is not None:
@@ -147,7 +147,7 @@ def take(res, row, members, t, on, dyn=None):
 
 
 _ROW = ("unit_mask", "dunit", "dunit_cycles", "dunit_on", "grp", "grp_cycles", "grp_need",
-        "grp_reserved", "grp_on", "blocked_by")
+        "grp_reserved", "grp_on", "grp_members", "blocked_by")
 
 
 def _best(key, k):
@@ -184,9 +184,19 @@ def _round(state: State, facts: Facts, members, tried):
   # A store needs every older memory operation issued. One that waits on an older
   # operation that cannot issue this cycle is no candidate; the rest are checked
   # exactly in the scan below.
+  # Resources only get taken within a cycle, so an instruction whose resources are
+  # busy now cannot issue later in it: it is no candidate (decided per static
+  # instruction, then spread over the window).
+  # Resources only get taken within a cycle, so an instruction whose resources are
+  # busy now cannot issue later in it: it is no candidate (decided per static
+  # instruction, then spread over the window).
+  res = (state.busy_until, None, None, state.reserved_until)
+  free_now = jax.vmap(lambda row: can_take(res, row, members, t))(
+      {name: getattr(facts, name) for name in _ROW})
+  ready = waiting & mem_ok & free_now[jnp.mod(dyn, facts.n)]
   is_mem = live & has(LOAD | STORE)
-  stuck = oldest(unissued & is_mem & ~(waiting & mem_ok))
-  cand = waiting & mem_ok & (~store | (dyn <= stuck))
+  stuck = oldest(unissued & is_mem & ~ready)
+  cand = ready & (~store | (dyn <= stuck))
   pos = dyn - state.head
   key = jnp.where(cand, (pos - state.users + 8192) * 1024 + pos, jnp.iinfo(jnp.int32).max)
   slots, valid = _best(key, K)
@@ -202,7 +212,16 @@ def _round(state: State, facts: Facts, members, tried):
   # Issuing either may make another instruction ready in this same cycle (a reader
   # with enough read-advance, a store whose older memory operations have now all
   # issued); llvm-mca then picks the best ready one again, so the scan stops there.
-  wakes_k = facts.zero_use[c_k] | (mem_k & jnp.any(store & cand))
+  q_dyn = dyn_k[:, None] + facts.use_off[c_k]  # [K, C]: each candidate's readers
+  q_it = q_dyn // facts.n  # the edge may hold only from some iteration on (encode)
+  linked = (facts.use_on[c_k] & (q_dyn < state.next) & (q_it >= facts.use_first[c_k])
+            & (q_it < facts.use_last[c_k]))
+  q_slot = jnp.mod(q_dyn, W)
+  # A reader it may make ready at once: linked by a zero-weight edge, still waiting on
+  # a producer, its other operands ready and its resources free at the round's start.
+  may_wake = (linked & (facts.use_w[c_k] == 0) & (state.pending[q_slot] > 0)
+              & (state.ready_t[q_slot] <= t) & free_now[jnp.mod(q_dyn, facts.n)])
+  wakes_k = jnp.any(may_wake, axis=-1) | (mem_k & jnp.any(store & cand))
 
   record = state.trace.shape[0] > 0  # static: keep the schedule's decisions
   uses = rows["dunit"].shape[-1] + rows["grp"].shape[-1]
@@ -234,11 +253,8 @@ def _round(state: State, facts: Facts, members, tried):
   issue_t = state.issue_t.at[slot_i].set(t, mode="drop")
   rs_used = state.rs_used - jnp.sum(
       jnp.where(issued[:, None], facts.buffers[c_k], False), axis=0).astype(jnp.int32)
-  q_dyn = dyn_k[:, None] + facts.use_off[c_k]  # [K, C]
-  q_it = q_dyn // facts.n  # the edge may hold only from some iteration on (encode)
-  woke = (issued[:, None] & facts.use_on[c_k] & (q_dyn < state.next)
-          & (q_it >= facts.use_first[c_k]) & (q_it < facts.use_last[c_k]))
-  q_slot = jnp.where(woke, jnp.mod(q_dyn, W), W).reshape(-1)
+  woke = issued[:, None] & linked
+  q_slot = jnp.where(woke, q_slot, W).reshape(-1)
   ready_t = state.ready_t.at[q_slot].max((t + facts.use_w[c_k]).reshape(-1), mode="drop")
   pending = state.pending.at[q_slot].add(-1, mode="drop")
   # Scanned candidates that did not issue cannot later this cycle (resources only
@@ -246,11 +262,13 @@ def _round(state: State, facts: Facts, members, tried):
   tried = tried | jnp.zeros(W, bool).at[jnp.where(seen, slots, W)].set(True, mode="drop")
   mem_issued = jnp.any(issued & mem_k)
   tried = jnp.where(mem_issued, tried & ~(store & cand), tried)
-  # Another round if a reader may issue now, a store may now pass, or K was too few.
-  more = (jnp.any(issued & facts.zero_use[c_k])
-          | mem_issued & jnp.any(store & cand & ~jnp.zeros(W, bool).at[
-              jnp.where(issued, slots, W)].set(True, mode="drop"))
-          | (jnp.sum(cand & ~tried) > 0))
+  # Another round if a woken reader is ready now, a store may now pass (it is the
+  # oldest memory operation left), or K was too few.
+  reader_ready = (woke & (facts.use_w[c_k] == 0) & (pending[q_slot.reshape(K, -1) % W] == 0)
+                  & (ready_t[q_slot.reshape(K, -1) % W] <= t))
+  left = unissued & (issue_t >= BIG)
+  store_passes = store & cand & left & (dyn == oldest(left & is_mem))
+  more = jnp.any(reader_ready) | mem_issued & jnp.any(store_passes) | jnp.any(cand & ~tried)
   order = state.issued + jnp.cumsum(issued) - 1  # issue sequence numbers
   state = state.replace(busy_until=busy, seq=seq, skip=skip, reserved_until=reserved_until,
                         last_user=last_user, last_col=last_col, issue_t=issue_t, rs_used=rs_used, ready_t=ready_t, pending=pending,

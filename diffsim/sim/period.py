@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 from flax import struct
 
 from diffsim.sim.facts import BIG
@@ -24,6 +26,7 @@ from diffsim.sim.state import State
 
 SLOTS = 16  # fingerprints remembered: periods up to 16 boundary crossings
 PAST = -512  # issue cycles further back than any latency compare equal
+FIELDS = 4  # per-slot fields hashed
 
 
 @struct.dataclass
@@ -51,36 +54,56 @@ def _mix(x):
   return x ^ (x >> 16)
 
 
+def _weights(W: int):
+  """[2W, 2, FIELDS] uint32 odd hash weights per age position, the table written twice.
+
+  Slot s of a window whose head sits in slot h has age position (s - h) mod W, so its
+  weights are rows W - h + s of this table: one slice, no per-cycle hashing.
+  """
+  pos = np.arange(W, dtype=np.uint64)
+  seeds = np.array([0x1234567, 0x2345678], np.uint64)
+  x = pos[:, None, None] * 8 + np.arange(FIELDS, dtype=np.uint64)[None, None, :] + seeds[None, :, None]
+  w = _mix_np(x) | np.uint32(1)
+  return np.concatenate([w, w]).astype(np.uint32)
+
+
+def _mix_np(x):
+  """`_mix` in numpy, for tables built at trace time."""
+  x = x.astype(np.uint64) & 0xFFFFFFFF
+  x = ((x ^ (x >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
+  x = ((x ^ (x >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
+  return (x ^ (x >> 16)).astype(np.uint32)
+
+
 def fingerprint(state: State, phase) -> jax.Array:
   """[2] uint32: hashes of the state relative to its cycle and dispatch position.
 
-  Window slots are weighted by their age position (computed, not gathered, so the
-  hash costs a few elementwise passes over the window).
+  Window slots are weighted by their age position, so equal states hash equal
+  wherever the ring happens to stand.
   """
   W = state.issue_t.shape[0]
   t = state.t
-  pos = jnp.mod(jnp.arange(W, dtype=jnp.int32) - state.head, W)  # age order
+  h0 = jnp.mod(state.head, W)
+  w = lax.dynamic_slice_in_dim(jnp.asarray(_weights(W)), W - h0, W)  # [W, 2, FIELDS]
+  pos = jnp.mod(jnp.arange(W, dtype=jnp.int32) - h0, W)
   live = pos < state.next - state.head
   issued = state.issue_t < BIG
-  fields = [
+  fields = jnp.stack([
       jnp.where(issued, jnp.maximum(state.issue_t - t, PAST), BIG),
       jnp.where(issued, 0, jnp.maximum(state.ready_t - t, 0)),
       jnp.where(issued, 0, state.pending),
-      jnp.where(issued, 0, state.users)]
+      jnp.where(issued, 0, state.users)], axis=-1)  # [W, FIELDS]
+  fields = jnp.where(live[:, None], fields, 0).astype(jnp.uint32)
+  window = jnp.sum(fields[:, None, :] * w, axis=(0, 2), dtype=jnp.uint32)  # [2]
   scalars = jnp.concatenate([
       jnp.stack([state.next - state.head, phase, state.carry, state.rob_used, state.lq_used,
                  state.sq_used]),
       state.rs_used, state.prf_used, jnp.maximum(state.busy_until - t, 0),
-      jnp.maximum(state.reserved_until - t, 0), state.seq, state.skip]).astype(jnp.int32)
+      jnp.maximum(state.reserved_until - t, 0), state.seq, state.skip]).astype(jnp.uint32)
   hashes = []
-  for seed in (0x1234567, 0x2345678):
-    h = jnp.zeros((), jnp.uint32)
-    for f, value in enumerate(fields):
-      w = _mix(pos * 8 + f + seed) | jnp.uint32(1)
-      h += jnp.sum(jnp.where(live, value.astype(jnp.uint32) * w, 0), dtype=jnp.uint32)
+  for j, seed in enumerate((0x1234567, 0x2345678)):
     w = _mix(jnp.arange(scalars.shape[0], dtype=jnp.int32) + seed * 3) | jnp.uint32(1)
-    h += jnp.sum(scalars.astype(jnp.uint32) * w, dtype=jnp.uint32)
-    hashes.append(_mix(h))
+    hashes.append(_mix(window[j] + jnp.sum(scalars * w, dtype=jnp.uint32)))
   return jnp.stack(hashes)
 
 
@@ -102,15 +125,16 @@ def shift(state: State, periods, dt, di) -> State:
       prf_cost=jnp.roll(state.prf_cost, jnp.mod(ddyn, W), axis=0))
 
 
-def fast_forward(state: State, memory: Memory, before_next, n, settle=0):
-  """Records a fingerprint at iteration boundaries and jumps when one repeats.
+def crossed(state: State, before_next, n, memory: Memory, settle) -> jax.Array:
+  """[] bool: dispatch just crossed an iteration boundary worth a fingerprint."""
+  return ((state.next // n) > (before_next // n)) & ~memory.jumped & (state.head >= settle * n)
 
-  `settle`: the first iteration from which the block's dependency edges are the same
-  in every iteration (register renaming can make early iterations differ); states
-  before it are never compared, since a jump from there would carry the early edges on.
+
+def observe(state: State, memory: Memory, look, n):
+  """Records a fingerprint (when `look`) and plans a jump when one repeats.
+
+  Returns (memory, jump): `jump` = (periods, dt, di) for `leap`, periods 0 for none.
   """
-  crossed = (state.next // n) > (before_next // n)
-  look = crossed & ~memory.jumped & (state.head >= settle * n)
   h = fingerprint(state, jnp.mod(state.next, n))
   same = jnp.all(memory.hash == h[None, :], axis=-1) & (memory.next >= 0)
   same &= jnp.mod(state.next - memory.next, n) == 0
@@ -119,8 +143,6 @@ def fast_forward(state: State, memory: Memory, before_next, n, settle=0):
   dt = state.t - memory.t[j]
   di = state.next - memory.next[j]
   periods = jnp.where(hit & (di > 0), (state.total - state.next) // jnp.maximum(di, 1), 0)
-  jumped_state = shift(state, periods, dt, di)
-  state = jax.tree.map(lambda a, b: jnp.where(periods > 0, a, b), jumped_state, state)
   slot = jnp.mod(memory.count, SLOTS)
   record = look & ~hit
   memory = Memory(
@@ -129,4 +151,28 @@ def fast_forward(state: State, memory: Memory, before_next, n, settle=0):
       next=memory.next.at[slot].set(jnp.where(record, state.next, memory.next[slot])),
       count=memory.count + record.astype(jnp.int32),
       jumped=memory.jumped | hit)
-  return state, memory
+  return memory, (periods.astype(jnp.int32), dt, di)
+
+
+def no_jump():
+  z = jnp.zeros((), jnp.int32)
+  return z, z, z
+
+
+def leap(state: State, jump) -> State:
+  """The state after the planned jump (unchanged when it plans none)."""
+  periods, dt, di = jump
+  return jax.tree.map(lambda a, b: jnp.where(periods > 0, a, b),
+                      shift(state, periods, dt, di), state)
+
+
+def fast_forward(state: State, memory: Memory, before_next, n, settle=0):
+  """Records a fingerprint at iteration boundaries and jumps when one repeats.
+
+  `settle`: the first iteration from which the block's dependency edges are the same
+  in every iteration (register renaming can make early iterations differ); states
+  before it are never compared, since a jump from there would carry the early edges on.
+  """
+  look = crossed(state, before_next, n, memory, settle)
+  memory, jump = observe(state, memory, look, n)
+  return leap(state, jump), memory

@@ -59,6 +59,15 @@ def next_event(state: State) -> jax.Array:
 
 def advance(state: State, memory, facts: Facts, members, g, fast_forward: bool):
   """One cycle, then skip idle cycles and fast-forward repeating iterations."""
+  state, look = stride(state, memory, facts, members, g)
+  if fast_forward:
+    memory, jump = period.observe(state, memory, look, facts.n)
+    state = period.leap(state, jump)
+  return state, memory
+
+
+def stride(state: State, memory, facts: Facts, members, g):
+  """One cycle and the idle cycles after it; also whether to take a fingerprint now."""
   before = state.next
   marks = (state.head, state.next, state.issued, state.carry)
   state = step(state, facts, members, g)
@@ -66,9 +75,7 @@ def advance(state: State, memory, facts: Facts, members, g, fast_forward: bool):
   idle = ((state.head == marks[0]) & (state.next == marks[1]) & (state.issued == marks[2])
           & (marks[3] == 0) & (state.carry == 0))
   state = state.replace(t=jnp.where(idle, jnp.maximum(state.t, next_event(state)), state.t))
-  if fast_forward:
-    state, memory = period.fast_forward(state, memory, before, facts.n, facts.settle)
-  return state, memory
+  return state, period.crossed(state, before, facts.n, memory, facts.settle)
 
 
 def running(state: State, max_cycles: int):
@@ -129,10 +136,23 @@ def run_queue(all_facts: Facts, params, members, iterations, *, slots: int, wind
                  members, params.buffer_size.shape[0], params.prf_size.shape[0], window)
     return facts, state, period.init_memory()
 
-  def cycle(facts, state, memory):  # a finished slot stands still until refilled
-    new = advance(state, memory, facts, members, g, fast_forward)
-    go = running(state, max_cycles)
-    return jax.tree.map(lambda x, y: jnp.where(go, x, y), new, (state, memory))
+  def cycles_of(facts, state, memory):
+    """One cycle of every slot. Fingerprints and jumps run batch-wide only when some
+    slot needs them (a vmapped branch would cost every slot every cycle). A finished
+    slot may keep stepping: it has nothing left to retire, issue or dispatch."""
+    state, look = jax.vmap(lambda f, s, m: stride(s, m, f, members, g))(facts, state, memory)
+    if not fast_forward:
+      return state, memory
+    look &= jax.vmap(lambda s: running(s, max_cycles))(state)
+    memory, jump = lax.cond(
+        jnp.any(look),
+        lambda: jax.vmap(lambda s, m, lk, f: period.observe(s, m, lk, f.n))(
+            state, memory, look, facts),
+        lambda: (memory, jax.tree.map(lambda z: jnp.zeros(look.shape, z.dtype),
+                                      period.no_jump())))
+    state = lax.cond(jnp.any(jump[0] > 0), lambda: jax.vmap(period.leap)(state, jump),
+                     lambda: state)
+    return state, memory
 
   slot_block = jnp.arange(S, dtype=jnp.int32)
   facts, state, memory = jax.vmap(start)(slot_block)
@@ -143,7 +163,7 @@ def run_queue(all_facts: Facts, params, members, iterations, *, slots: int, wind
     facts, state, memory, slot_block, next_block, cycles, overflow = carry
 
     def inner(_, sm):
-      return jax.vmap(cycle)(facts, *sm)
+      return cycles_of(facts, *sm)
 
     state, memory = lax.fori_loop(0, refill_every, inner, (state, memory))
     active = slot_block < N
