@@ -35,7 +35,7 @@ from diffsim.sim.facts import BIG, Facts
 from diffsim.sim.state import (ISSUE, LOAD, LOAD_BARRIER, ORDER, PREV, STORE, STORE_BARRIER,
                                State, inflight, slot_dyn)
 
-K = 4  # candidates considered per round
+K = 2  # candidates considered per round
 
 
 def notify(seq, skip, members, unit_bit, on):
