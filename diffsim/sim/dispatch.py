@@ -29,48 +29,57 @@ GROUP = 8  # instructions decided and written per pass
 _COUNTERS = ("next", "carry", "rob_used", "rs_used", "lq_used", "sq_used", "prf_used")
 
 
-def blockers(counters, slots, facts: Facts, g):
-  """WIDTH/ROB/OTHER bits of what keeps the next instruction from dispatching now."""
+_ROW = ("uops", "begin_group", "end_group", "rob_cost", "prf_need", "prf_cost", "buffers",
+        "may_load", "may_store")
+
+
+def _rows(facts: Facts, c):
+  """The facts dispatch needs about static instruction(s) c."""
+  return {name: getattr(facts, name)[c] for name in _ROW}
+
+
+def blockers(counters, slots, row, g):
+  """WIDTH/ROB/OTHER bits of what keeps the next instruction (`row`) from dispatching."""
   width = g["dispatch_width"]
-  c = jnp.mod(counters["next"], facts.n)
-  need = jnp.minimum(facts.uops[c], width)
-  narrow = (slots <= 0) | (need > slots) | (facts.begin_group[c] & (slots != width))
-  rob = g["rob_size"] - counters["rob_used"] < facts.rob_cost[c]
+  need = jnp.minimum(row["uops"], width)
+  narrow = (slots <= 0) | (need > slots) | (row["begin_group"] & (slots != width))
+  rob = g["rob_size"] - counters["rob_used"] < row["rob_cost"]
   cap = g["prf_size"]
-  other = jnp.any((cap > 0) & (counters["prf_used"] + facts.prf_need[c] > cap))
-  other |= jnp.any(facts.buffers[c] & (counters["rs_used"] >= g["buffer_size"]))
-  other |= (g["load_queue"] > 0) & facts.may_load[c] & (counters["lq_used"] >= g["load_queue"])
-  other |= (g["store_queue"] > 0) & facts.may_store[c] & (counters["sq_used"] >= g["store_queue"])
+  other = jnp.any((cap > 0) & (counters["prf_used"] + row["prf_need"] > cap))
+  other |= jnp.any(row["buffers"] & (counters["rs_used"] >= g["buffer_size"]))
+  other |= (g["load_queue"] > 0) & row["may_load"] & (counters["lq_used"] >= g["load_queue"])
+  other |= (g["store_queue"] > 0) & row["may_store"] & (counters["sq_used"] >= g["store_queue"])
   return WIDTH * narrow + ROB * rob + OTHER * other
 
 
 def _decide(counters, slots, total, facts: Facts, g):
-  """Up to GROUP instructions in order while they may go: (counters, slots, count, go)."""
-  width = g["dispatch_width"]
+  """Up to GROUP instructions in order while they may go: (counters, slots, count, go).
 
-  def one(_, carry):
-    k, slots, go = carry[0], carry[1], carry[2]
-    counters = carry[3]
-    go &= (counters["next"] < total) & (blockers(counters, slots, facts, g) == 0)
-    c = jnp.mod(counters["next"], facts.n)
-    uops = facts.uops[c]
-    wide = uops > width
-    new_slots = jnp.where(wide | facts.end_group[c], 0, slots - uops)
+  The next GROUP instructions' facts are gathered once and the loop is unrolled, so
+  the whole decision fuses into a few kernels.
+  """
+  width = g["dispatch_width"]
+  first = counters["next"]
+  rows = _rows(facts, jnp.mod(first + jnp.arange(GROUP + 1), facts.n))
+  count, go = jnp.zeros((), jnp.int32), jnp.ones((), bool)
+  for k in range(GROUP):
+    row = {name: v[k] for name, v in rows.items()}
+    go &= (first + k < total) & (blockers(counters, slots, row, g) == 0)
+    wide = row["uops"] > width
+    new_slots = jnp.where(wide | row["end_group"], 0, slots - row["uops"])
     add = lambda x, y: x + jnp.where(go, y, 0).astype(x.dtype)  # noqa: E731
     counters = dict(
         next=add(counters["next"], 1),
-        carry=jnp.where(go & wide, uops - width, counters["carry"]),
-        rob_used=add(counters["rob_used"], facts.rob_cost[c]),
-        rs_used=add(counters["rs_used"], facts.buffers[c]),
-        lq_used=add(counters["lq_used"], facts.may_load[c]),
-        sq_used=add(counters["sq_used"], facts.may_store[c]),
-        prf_used=add(counters["prf_used"], facts.prf_cost[c]))
-    return k + go.astype(jnp.int32), jnp.where(go, new_slots, slots), go, counters
-
-  count, slots, _, counters = lax.fori_loop(
-      0, GROUP, one, (jnp.zeros((), jnp.int32), slots, jnp.ones((), bool), counters))
-  go = (count == GROUP) & (counters["next"] < total) & (
-      blockers(counters, slots, facts, g) == 0)
+        carry=jnp.where(go & wide, row["uops"] - width, counters["carry"]),
+        rob_used=add(counters["rob_used"], row["rob_cost"]),
+        rs_used=add(counters["rs_used"], row["buffers"]),
+        lq_used=add(counters["lq_used"], row["may_load"]),
+        sq_used=add(counters["sq_used"], row["may_store"]),
+        prf_used=add(counters["prf_used"], row["prf_cost"]))
+    count += go.astype(jnp.int32)
+    slots = jnp.where(go, new_slots, slots)
+  row = {name: v[GROUP] for name, v in rows.items()}
+  go &= (first + GROUP < total) & (blockers(counters, slots, row, g) == 0)
   return counters, slots, count, go
 
 
@@ -78,26 +87,32 @@ def _zero_latency_now(state: State, facts: Facts, first, count):
   """[GROUP] bool: which of the group's instructions issue at dispatch.
 
   A zero-latency instruction without resources issues at once when its operands are
-  ready, which may depend on an earlier member of the same group doing so.
+  ready, which may depend on an earlier member of the same group doing so: iterate
+  to the fixed point (no iteration at all when none issues at once).
   """
   W = state.issue_t.shape[0]
   t = state.t
+  k = jnp.arange(GROUP, dtype=jnp.int32)
+  i = first + k
+  c = jnp.mod(i, facts.n)
+  p = i[:, None] - facts.dep_off[c]  # [GROUP, D]
+  it = (i // facts.n)[:, None]
+  counts = (facts.dep_on[c] & (p >= state.head) & (it >= facts.dep_first[c])
+            & (it < facts.dep_last[c]))
+  mine = p >= first  # producer dispatched in this group
+  before = state.issue_t[jnp.mod(p, W)]
+  at = jnp.where(mine, t, before) + facts.dep_w[c]
+  may = facts.zero_latency[c] & (k < count)
 
-  def one(k, now):
-    i = first + k
-    c = jnp.mod(i, facts.n)
-    p = i - facts.dep_off[c]
-    it = i // facts.n
-    counts = (facts.dep_on[c] & (p >= state.head) & (it >= facts.dep_first[c])
-              & (it < facts.dep_last[c]))
-    mine = p >= first  # producer dispatched in this group
-    issued = jnp.where(mine, now[jnp.clip(p - first, 0, GROUP - 1)],
-                       state.issue_t[jnp.mod(p, W)] < BIG)
-    at = jnp.where(mine, t, state.issue_t[jnp.mod(p, W)]) + facts.dep_w[c]
-    ok = ~jnp.any(counts & ~issued) & (jnp.max(jnp.where(counts & issued, at, 0)) <= t)
-    return now.at[k].set(facts.zero_latency[c] & ok & (k < count))
+  def now_given(now):
+    issued = jnp.where(mine, now[jnp.clip(p - first, 0, GROUP - 1)], before < BIG)
+    return may & ~jnp.any(counts & ~issued, axis=-1) & (
+        jnp.max(jnp.where(counts & issued, at, 0), axis=-1) <= t)
 
-  return lax.fori_loop(0, GROUP, one, jnp.zeros(GROUP, bool))
+  now = now_given(jnp.zeros(GROUP, bool))
+  return lax.while_loop(lambda c: jnp.any(c[0] != c[1]),
+                        lambda c: (now_given(c[0]), c[0]),
+                        (now, jnp.where(jnp.any(now), ~now, now)))[0]
 
 
 def _write(state: State, facts: Facts, first, count) -> State:
@@ -172,5 +187,6 @@ def dispatch(state: State, facts: Facts, g) -> State:
   state, slots, go = group((state, slots, True))
   state, slots, _ = lax.while_loop(lambda c: c[2], group, (state, slots, go))
   counters = {name: getattr(state, name) for name in _COUNTERS}
+  row = _rows(facts, jnp.mod(state.next, facts.n))
   return state.replace(why=jnp.where(state.next < state.total,
-                                     blockers(counters, slots, facts, g), 0))
+                                     blockers(counters, slots, row, g), 0))
