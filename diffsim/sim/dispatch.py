@@ -27,8 +27,6 @@ from diffsim.sim.state import (DISPATCH, HEAD, ISSUE, LOAD, LOAD_BARRIER, ORDER,
 GROUP = 8  # instructions decided and written per pass
 
 _COUNTERS = ("next", "carry", "rob_used", "rs_used", "lq_used", "sq_used", "prf_used")
-
-
 _ROW = ("uops", "begin_group", "end_group", "rob_cost", "prf_need", "prf_cost", "buffers",
         "may_load", "may_store")
 
@@ -62,20 +60,23 @@ def _decide(counters, slots, total, facts: Facts, g):
   first = counters["next"]
   rows = _rows(facts, jnp.mod(first + jnp.arange(GROUP + 1), facts.n))
   count, go = jnp.zeros((), jnp.int32), jnp.ones((), bool)
+
+  def add(x, y, go):
+    return x + jnp.where(go, y, 0).astype(x.dtype)
+
   for k in range(GROUP):
     row = {name: v[k] for name, v in rows.items()}
     go &= (first + k < total) & (blockers(counters, slots, row, g) == 0)
     wide = row["uops"] > width
     new_slots = jnp.where(wide | row["end_group"], 0, slots - row["uops"])
-    add = lambda x, y: x + jnp.where(go, y, 0).astype(x.dtype)  # noqa: E731
     counters = dict(
-        next=add(counters["next"], 1),
+        next=add(counters["next"], 1, go),
         carry=jnp.where(go & wide, row["uops"] - width, counters["carry"]),
-        rob_used=add(counters["rob_used"], row["rob_cost"]),
-        rs_used=add(counters["rs_used"], row["buffers"]),
-        lq_used=add(counters["lq_used"], row["may_load"]),
-        sq_used=add(counters["sq_used"], row["may_store"]),
-        prf_used=add(counters["prf_used"], row["prf_cost"]))
+        rob_used=add(counters["rob_used"], row["rob_cost"], go),
+        rs_used=add(counters["rs_used"], row["buffers"], go),
+        lq_used=add(counters["lq_used"], row["may_load"], go),
+        sq_used=add(counters["sq_used"], row["may_store"], go),
+        prf_used=add(counters["prf_used"], row["prf_cost"], go))
     count += go.astype(jnp.int32)
     slots = jnp.where(go, new_slots, slots)
   row = {name: v[GROUP] for name, v in rows.items()}
@@ -83,31 +84,50 @@ def _decide(counters, slots, total, facts: Facts, g):
   return counters, slots, count, go
 
 
-def _zero_latency_now(state: State, facts: Facts, first, count):
+def _links(state: State, facts: Facts, first, count):
+  """The read links of the group's instructions (dynamic first + k, k < count).
+
+  Edges count where they hold in this iteration (`encode`: an alias may reach back
+  into an iteration the first one lacks); an edge that does not hold but whose
+  producer has not issued yet still counts as pending, since that producer's issue
+  wakes every consumer of the edge (issue.py). Retired producers impose nothing.
+  """
+  W = state.issue_t.shape[0]
+  k = jnp.arange(GROUP, dtype=jnp.int32)
+  i = first + k  # [GROUP]
+  on = k < count
+  c = jnp.mod(i, facts.n)
+  p = i[:, None] - facts.dep_off[c]  # [GROUP, D]: producers
+  it = (i // facts.n)[:, None]
+  live = on[:, None] & facts.dep_on[c] & (p >= state.head)
+  p_slot = jnp.mod(p, W)
+  mine = p >= first  # producer dispatched in this group (then it issues now or later)
+  before = state.issue_t[p_slot]  # issue cycles of older producers
+  return dict(i=i, on=on, c=c, p_slot=p_slot, mine=mine, before=before,
+              holds=live & (it >= facts.dep_first[c]) & (it < facts.dep_last[c]),
+              mine_k=jnp.clip(p - first, 0, GROUP - 1),
+              ready_at=jnp.where(mine, state.t, before) + facts.dep_w[c])
+
+
+def _producers_issued(links, now):
+  """[GROUP, D] bool: each producer has issued, given which group members issue now."""
+  return jnp.where(links["mine"], now[links["mine_k"]], links["before"] < BIG)
+
+
+def _zero_latency_now(links, facts: Facts, t):
   """[GROUP] bool: which of the group's instructions issue at dispatch.
 
   A zero-latency instruction without resources issues at once when its operands are
   ready, which may depend on an earlier member of the same group doing so: iterate
   to the fixed point (no iteration at all when none issues at once).
   """
-  W = state.issue_t.shape[0]
-  t = state.t
-  k = jnp.arange(GROUP, dtype=jnp.int32)
-  i = first + k
-  c = jnp.mod(i, facts.n)
-  p = i[:, None] - facts.dep_off[c]  # [GROUP, D]
-  it = (i // facts.n)[:, None]
-  counts = (facts.dep_on[c] & (p >= state.head) & (it >= facts.dep_first[c])
-            & (it < facts.dep_last[c]))
-  mine = p >= first  # producer dispatched in this group
-  before = state.issue_t[jnp.mod(p, W)]
-  at = jnp.where(mine, t, before) + facts.dep_w[c]
-  may = facts.zero_latency[c] & (k < count)
+  holds = links["holds"]
+  may = facts.zero_latency[links["c"]] & links["on"]
 
   def now_given(now):
-    issued = jnp.where(mine, now[jnp.clip(p - first, 0, GROUP - 1)], before < BIG)
-    return may & ~jnp.any(counts & ~issued, axis=-1) & (
-        jnp.max(jnp.where(counts & issued, at, 0), axis=-1) <= t)
+    issued = _producers_issued(links, now)
+    return may & ~jnp.any(holds & ~issued, axis=-1) & (
+        jnp.max(jnp.where(holds & issued, links["ready_at"], 0), axis=-1) <= t)
 
   now = now_given(jnp.zeros(GROUP, bool))
   return lax.while_loop(lambda c: jnp.any(c[0] != c[1]),
@@ -119,29 +139,15 @@ def _write(state: State, facts: Facts, first, count) -> State:
   """Writes the group's `count` instructions (dynamic first...) into the window."""
   W = state.issue_t.shape[0]
   t = state.t
-  now = _zero_latency_now(state, facts, first, count)
-  k = jnp.arange(GROUP, dtype=jnp.int32)
-  i = first + k  # [GROUP]
-  on = k < count
-  c = jnp.mod(i, facts.n)
+  links = _links(state, facts, first, count)
+  now = _zero_latency_now(links, facts, t)
+  i, on, c, holds = links["i"], links["on"], links["c"], links["holds"]
   slot = jnp.where(on, jnp.mod(i, W), W)  # W: dropped
-  # Read links, by the edges that hold in this iteration (`encode`: an alias may reach
-  # back into an iteration the first one lacks). An edge that does not hold but whose
-  # producer has not issued yet still counts as pending, since that producer's issue
-  # wakes every consumer of the edge (issue.py). Retired producers impose nothing.
-  p = i[:, None] - facts.dep_off[c]  # [GROUP, D]
-  it = (i // facts.n)[:, None]
-  holds = (it >= facts.dep_first[c]) & (it < facts.dep_last[c])
-  live = on[:, None] & facts.dep_on[c] & (p >= state.head)
-  mine = p >= first
-  p_slot = jnp.mod(p, W)
-  issued = jnp.where(mine, now[jnp.clip(p - first, 0, GROUP - 1)],
-                     state.issue_t[p_slot] < BIG)
-  at = jnp.where(mine, t, state.issue_t[p_slot])
-  operands = jnp.max(jnp.where(live & holds & issued, at + facts.dep_w[c], 0), axis=-1)
-  waits = live & holds & ~issued
+  issued = _producers_issued(links, now)
+  operands = jnp.max(jnp.where(holds & issued, links["ready_at"], 0), axis=-1)
+  waits = holds & ~issued
   users = state.users.at[slot].set(0, mode="drop")
-  users = users.at[jnp.where(waits, p_slot, W).reshape(-1)].add(1, mode="drop")
+  users = users.at[jnp.where(waits, links["p_slot"], W).reshape(-1)].add(1, mode="drop")
   flags = (LOAD * facts.may_load[c] + STORE * facts.may_store[c]
            + LOAD_BARRIER * facts.load_barrier[c] + STORE_BARRIER * facts.store_barrier[c])
   order = state.issued + jnp.cumsum(now) - 1
@@ -159,7 +165,7 @@ def _write(state: State, facts: Facts, first, count) -> State:
   if state.trace.shape[0]:  # static: only when a trace was asked for
     T = state.trace.shape[0]
     rows = jnp.where(on, i, T)
-    why = jnp.where(k == 0, state.why, 0)
+    why = jnp.where(i == first, state.why, 0)
     cols = jnp.array([DISPATCH, ISSUE, ORDER, HEAD, WHY])
     vals = jnp.stack([jnp.full(GROUP, t), jnp.where(now, t, -1), jnp.where(now, order, -1),
                       jnp.full(GROUP, state.head), why], axis=-1)

@@ -181,12 +181,6 @@ def _round(state: State, facts: Facts, members, tried):
   old_loads_ok = oldest(live & ~executed & has(LOAD)) >= dyn
   mem_ok = jnp.where(store, sb_ok, jnp.where(load, lb_ok & (~has(LOAD_BARRIER) | old_loads_ok),
                                              True))
-  # A store needs every older memory operation issued. One that waits on an older
-  # operation that cannot issue this cycle is no candidate; the rest are checked
-  # exactly in the scan below.
-  # Resources only get taken within a cycle, so an instruction whose resources are
-  # busy now cannot issue later in it: it is no candidate (decided per static
-  # instruction, then spread over the window).
   # Resources only get taken within a cycle, so an instruction whose resources are
   # busy now cannot issue later in it: it is no candidate (decided per static
   # instruction, then spread over the window).
@@ -194,6 +188,9 @@ def _round(state: State, facts: Facts, members, tried):
   free_now = jax.vmap(lambda row: can_take(res, row, members, t))(
       {name: getattr(facts, name) for name in _ROW})
   ready = waiting & mem_ok & free_now[jnp.mod(dyn, facts.n)]
+  # A store needs every older memory operation issued. One that waits on an older
+  # operation that cannot issue this cycle is no candidate; the rest are checked
+  # exactly in the scan below.
   is_mem = live & has(LOAD | STORE)
   stuck = oldest(unissued & is_mem & ~ready)
   cand = ready & (~store | (dyn <= stuck))

@@ -18,8 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from flax import struct
+from jax import lax
 
 from diffsim.sim.facts import BIG
 from diffsim.sim.state import State
@@ -60,19 +60,12 @@ def _weights(W: int):
   Slot s of a window whose head sits in slot h has age position (s - h) mod W, so its
   weights are rows W - h + s of this table: one slice, no per-cycle hashing.
   """
-  pos = np.arange(W, dtype=np.uint64)
-  seeds = np.array([0x1234567, 0x2345678], np.uint64)
-  x = pos[:, None, None] * 8 + np.arange(FIELDS, dtype=np.uint64)[None, None, :] + seeds[None, :, None]
-  w = _mix_np(x) | np.uint32(1)
-  return np.concatenate([w, w]).astype(np.uint32)
-
-
-def _mix_np(x):
-  """`_mix` in numpy, for tables built at trace time."""
-  x = x.astype(np.uint64) & 0xFFFFFFFF
-  x = ((x ^ (x >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
-  x = ((x ^ (x >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
-  return (x ^ (x >> 16)).astype(np.uint32)
+  with jax.ensure_compile_time_eval():  # a constant of the compiled program
+    x = (jnp.arange(W, dtype=jnp.int32)[:, None, None] * 8
+         + jnp.arange(FIELDS, dtype=jnp.int32)[None, None, :]
+         + jnp.array([0x1234567, 0x2345678], jnp.int32)[None, :, None])
+    w = _mix(x) | jnp.uint32(1)
+    return np.asarray(jnp.concatenate([w, w]))
 
 
 def fingerprint(state: State, phase) -> jax.Array:
@@ -126,7 +119,12 @@ def shift(state: State, periods, dt, di) -> State:
 
 
 def crossed(state: State, before_next, n, memory: Memory, settle) -> jax.Array:
-  """[] bool: dispatch just crossed an iteration boundary worth a fingerprint."""
+  """[] bool: dispatch just crossed an iteration boundary worth a fingerprint.
+
+  `settle`: the first iteration from which the block's dependency edges are the same
+  in every iteration (register renaming can make early iterations differ); states
+  before it are never compared, since a jump from there would carry the early edges on.
+  """
   return ((state.next // n) > (before_next // n)) & ~memory.jumped & (state.head >= settle * n)
 
 
@@ -154,25 +152,8 @@ def observe(state: State, memory: Memory, look, n):
   return memory, (periods.astype(jnp.int32), dt, di)
 
 
-def no_jump():
-  z = jnp.zeros((), jnp.int32)
-  return z, z, z
-
-
 def leap(state: State, jump) -> State:
   """The state after the planned jump (unchanged when it plans none)."""
   periods, dt, di = jump
   return jax.tree.map(lambda a, b: jnp.where(periods > 0, a, b),
                       shift(state, periods, dt, di), state)
-
-
-def fast_forward(state: State, memory: Memory, before_next, n, settle=0):
-  """Records a fingerprint at iteration boundaries and jumps when one repeats.
-
-  `settle`: the first iteration from which the block's dependency edges are the same
-  in every iteration (register renaming can make early iterations differ); states
-  before it are never compared, since a jump from there would carry the early edges on.
-  """
-  look = crossed(state, before_next, n, memory, settle)
-  memory, jump = observe(state, memory, look, n)
-  return leap(state, jump), memory

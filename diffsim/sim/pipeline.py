@@ -148,8 +148,7 @@ def run_queue(all_facts: Facts, params, members, iterations, *, slots: int, wind
         jnp.any(look),
         lambda: jax.vmap(lambda s, m, lk, f: period.observe(s, m, lk, f.n))(
             state, memory, look, facts),
-        lambda: (memory, jax.tree.map(lambda z: jnp.zeros(look.shape, z.dtype),
-                                      period.no_jump())))
+        lambda: (memory, (jnp.zeros(look.shape, jnp.int32),) * 3))
     state = lax.cond(jnp.any(jump[0] > 0), lambda: jax.vmap(period.leap)(state, jump),
                      lambda: state)
     return state, memory
