@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import json
 import math
 import os
@@ -40,6 +41,11 @@ from typing import Any, TextIO
 # Debian's LLVM 14 keeps its unversioned tools here (on PATH only as `llvm-mc-14`).
 _LLVM14_BIN = Path("/usr/lib/llvm-14/bin")
 _LLVM_TOOLS = ("llvm-mc", "llvm-mca", "llvm-exegesis")
+
+
+# Subsystems that bring their own subcommands: each module defines
+# `add_subcommand(subparsers)`, which adds its parser and sets `func`.
+SUBSYSTEM_COMMANDS: tuple[str, ...] = ()
 
 
 class CliError(Exception):
@@ -673,6 +679,9 @@ def build_parser() -> argparse.ArgumentParser:
                  help="llvm-mca models to report beside diffsim (default: --init's CPU "
                       "when llvm-mca has it)")
   p.set_defaults(func=cmd_fit)
+
+  for name in SUBSYSTEM_COMMANDS:
+    importlib.import_module(name).add_subcommand(sub)
   return ap
 
 
