@@ -1,0 +1,70 @@
+"""Sampled tables: reproducible, integral, within their ranges, and run exactly."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from diffsim.data import load_csv, shipped
+from diffsim.isa import decode_blocks
+from diffsim.isa.encode import encode
+from diffsim.params.sample import sample_params, table_at
+from diffsim.params.table import load_table
+from diffsim.sim import simulate, simulate_sweep
+from diffsim.sim.api import renaming_for
+
+
+@pytest.fixture(scope="module")
+def haswell():
+  return load_table("haswell")
+
+
+def test_same_seed_same_tables_and_prefix_stable(haswell):
+  a = sample_params(haswell, 3, seed=7)
+  b = sample_params(haswell, 5, seed=7)
+  c = sample_params(haswell, 3, seed=8)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y[:3])
+  assert not np.array_equal(a.latency, c.latency)
+
+
+def test_values_integral_and_within_documented_ranges(haswell):
+  p = sample_params(haswell, 16, seed=0)
+  base = haswell.params
+  for leaf in jax.tree.leaves(p):
+    assert np.array_equal(leaf, np.round(leaf))
+  lat0 = np.asarray(base.latency)
+  assert np.all((p.latency > 0) == (lat0 > 0)[None])  # used stays used, 0 stays 0
+  rc0 = np.asarray(base.res_cycles)
+  assert np.all((p.res_cycles > 0) == (rc0 > 0)[None])
+  assert np.all(np.abs(p.uops - np.asarray(base.uops)[None]) <= 1)
+  assert set(np.unique(p.dispatch_width)) <= {2, 3, 4, 5, 6, 8}
+  assert np.all((p.rob_size >= 0.5 * base.rob_size - 1) & (p.rob_size <= 2 * base.rob_size + 1))
+  np.testing.assert_array_equal(p.read_advance, np.broadcast_to(base.read_advance,
+                                                                p.read_advance.shape))
+  # The tables really differ from the base and from each other.
+  assert len(np.unique(p.rob_size)) > 4
+  assert np.mean(p.latency[0] != lat0) > 0.2
+
+
+def test_sweep_equals_each_sampled_table_run_alone(haswell):
+  ds = load_csv(shipped("mca-small.csv"))
+  blocks = [b for b in decode_blocks(list(ds.hex)[:40])
+            if not isinstance(b, Exception) and len(b.instrs) <= 8][:8]
+  batch = encode(blocks, haswell.layout.index, length=8, renaming=renaming_for(haswell))
+  p = sample_params(haswell, 3, seed=1)
+  sweep, overflow = simulate_sweep(p, haswell.structure, haswell.layout, batch, 20)
+  assert not overflow.any()
+  for i in range(3):
+    alone, _ = simulate(table_at(haswell, p, i), batch, 20)
+    np.testing.assert_array_equal(sweep[i], alone)
+  base, _ = simulate(haswell, batch, 20)
+  assert not all(np.array_equal(sweep[i], base) for i in range(3))
+
+
+def test_bad_arguments_are_named(haswell):
+  with pytest.raises(ValueError, match="n must be"):
+    sample_params(haswell, 0, seed=0)
+  with pytest.raises(ValueError, match="scale"):
+    sample_params(haswell, 2, seed=0, scale=0)
