@@ -1,0 +1,149 @@
+"""The `diffsim measure` subcommand: throughputs of basic blocks on this machine's CPU.
+
+  diffsim measure IN.csv -o OUT.csv      BHive-format measurements, resumable
+  diffsim measure --validate             known chains and port-bound blocks
+
+The output keeps one row per input row, in order: `hex,cycles_per_100_iterations,
+spread,error`, where a rejected or bad row has an empty value and the reason. The CPU's
+identity, the settings and a summary go to the sidecar `OUT.csv.json`. While it runs,
+finished blocks are logged to `OUT.csv.partial` (fsynced); rerunning the same command
+after an interruption measures only the blocks the log lacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+from diffsim.cli import CliError, _add_input, _fmt, _hex_field, _positive_int, _read_rows, _say
+
+
+def add_subcommand(subparsers) -> None:
+  """Adds `measure` to the `diffsim` command's subparsers."""
+  p = subparsers.add_parser(
+    "measure", help="measure block throughputs on this CPU (BHive format, resumable)",
+    description="Measures each block's steady-state throughput on this machine's CPU "
+                "(cycles per 100 iterations, BHive's definition) with a native runner "
+                "built at first use by the system C compiler. Each block runs in a "
+                "forked child; the TSC is calibrated to core cycles by an add chain "
+                "timed alongside. Then `diffsim fit OUT.csv --init znver3 --out DIR` "
+                "learns a table for this CPU.")
+  _add_input(p)
+  p.add_argument("-o", "--output", metavar="OUT.csv",
+                 help="output CSV (needed unless --validate); also writes OUT.csv.json and, "
+                      "while running, the resume log OUT.csv.partial")
+  p.add_argument("--validate", action="store_true",
+                 help="measure known chains and port-bound blocks and print them beside "
+                      "their expected values (no input needed)")
+  p.add_argument("--passes", type=_positive_int, default=3,
+                 help="independent passes per block (default 3; 2 more when they disagree)")
+  p.add_argument("--rounds", type=_positive_int, default=32,
+                 help="timed rounds per pass (default 32)")
+  p.add_argument("--max-pages", type=_positive_int, default=12,
+                 help="reject blocks that touch more scratch pages (default 12)")
+  p.add_argument("--cpu", type=int, metavar="N",
+                 help="core to run on (default: the last one available)")
+  p.set_defaults(func=cmd_measure)
+
+
+def _config(args: argparse.Namespace):
+  from diffsim.measure.harness import MeasureConfig
+
+  if args.rounds > 1024:
+    raise CliError(f"--rounds {args.rounds}: at most 1024")
+  return MeasureConfig(passes=args.passes, max_passes=args.passes + 2, rounds=args.rounds,
+                       max_pages=args.max_pages, cpu=args.cpu)
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+  from diffsim.measure.build import MeasureError
+
+  try:
+    if args.validate:
+      if args.input or args.shipped:
+        raise CliError("--validate measures its own blocks; give no IN.csv")
+      return _validate(args)
+    return _measure(args)
+  except MeasureError as e:
+    raise CliError(str(e)) from None
+
+
+def _validate(args: argparse.Namespace) -> int:
+  from diffsim.measure.harness import describe_cpu
+  from diffsim.measure.validate import format_checks, run_checks
+
+  results, cpu = run_checks(_config(args))
+  print(f"CPU: {describe_cpu(cpu)}")
+  print("cycles per iteration (measured: median of passes)")
+  print(format_checks(results))
+  return 0
+
+
+def _write_csv(out: Path, rows: list, hexes: list, results: list, bad: dict) -> None:
+  """One row per input row, in order; a bad or rejected row has its reason, no value."""
+  with open(out, "w", newline="") as f:
+    w = csv.writer(f, lineterminator="\n")
+    w.writerow(["hex", "cycles_per_100_iterations", "spread", "error"])
+    for i, (h, r) in enumerate(zip(hexes, results)):
+      err = r.error
+      if i in bad:
+        err = f"bad-row: {bad[i]}"
+      w.writerow([h if h is not None else _hex_field(rows[i]), _fmt(r.cycles),
+                  "" if r.spread is None else f"{r.spread:.4f}", err or ""])
+
+
+def _measure(args: argparse.Namespace) -> int:
+  from diffsim.measure.harness import describe_cpu, measure_hexes
+
+  if not args.output or args.output == "-":
+    raise CliError("measure needs -o OUT.csv (it keeps a resume log and a sidecar beside it)")
+  out = Path(args.output)
+  partial = Path(str(out) + ".partial")
+  path, rows = _read_rows(args)
+  hexes = [_hex_field(r) if r.hex is not None else None for r in rows]
+  bad = {i: r.error for i, r in enumerate(rows) if r.hex is None}
+  config = _config(args)
+  if partial.exists():
+    _say(f"{partial}: resuming")
+  t0 = time.perf_counter()
+  try:
+    results, stats = measure_hexes(hexes, config, log_path=partial, progress=args.progress)
+  except OSError as e:
+    raise CliError(f"cannot write {partial}: {e.strerror}") from None
+  wall = time.perf_counter() - t0
+
+  try:
+    _write_csv(out, rows, hexes, results, bad)
+  except OSError as e:
+    raise CliError(f"cannot write {out}: {e.strerror}") from None
+
+
+  from diffsim.measure.harness import cpu_identity
+
+  cpu = cpu_identity()
+  ok = [r for r in results if r.cycles is not None]
+  spreads = sorted(r.spread for r in ok if r.spread is not None and math.isfinite(r.spread))
+  summary = {
+    "cpu": cpu, "input": str(path), "rows": len(rows), "measured": len(ok),
+    "rejected": stats.rejected, "resumed": stats.resumed,
+    "blocks_per_second": None if math.isnan(stats.rate) else stats.rate,
+    "median_spread": spreads[len(spreads) // 2] if spreads else None,
+    "contended_passes": stats.contended_passes,
+    "config": {k: getattr(config, k) for k in ("passes", "max_passes", "rounds", "max_pages")},
+    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+  }
+  Path(str(out) + ".json").write_text(json.dumps(summary, indent=2) + "\n")
+  partial.unlink(missing_ok=True)
+
+  rejected = ", ".join(f"{n} {why}" for why, n in sorted(stats.rejected.items(),
+                                                         key=lambda kv: -kv[1]))
+  rate = "" if math.isnan(stats.rate) else f", {stats.rate:.1f} blocks/s"
+  _say(f"{path}: {len(ok)} of {len(rows)} blocks measured on {describe_cpu(cpu)} "
+       f"in {wall:.1f} s{rate}" + (f"; {stats.resumed} from the resume log" if stats.resumed
+                                   else "") + (f"; rejected: {rejected}" if rejected else ""))
+  _say(f"wrote {out} and {out}.json")
+  return 0
