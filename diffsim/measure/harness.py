@@ -9,8 +9,8 @@ definition: 100 (L_a - L_b) / (a - b). It follows the method of the harness behi
 - The TSC is not the core clock, and the core clock drifts, so a 1-cycle-per-instruction
   `add` chain timed in the same rounds calibrates every pass.
 - A canary (independent adds, bound by the ALUs) is timed in the same rounds too. Rounds
-  in which it runs slow are left out; a pass whose best canary is still slower than the
-  best seen so far was contended and is repeated.
+  in which it runs slow are left out; a pass whose canary is still slower than on a
+  quiet core (a low percentile of recent passes) was contended and is repeated.
 - Several passes, each in its own forked child; more when they disagree; the value is
   the median pass and the spread (max - min) / median is reported with it.
 
@@ -215,7 +215,22 @@ class Runner:
     self.cpu = cpu
     self._proc = subprocess.Popen([str(exe), "--cpu", str(cpu)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, bufsize=1)
-    self.best_canary = math.inf  # cycles per canary iteration, the quietest so far
+    self._canaries: list[float] = []  # cycles per canary iteration, recent passes
+
+  def note_canary(self, canary: float) -> None:
+    """Records a pass's canary, for `quiet_canary`."""
+    self._canaries = self._canaries[-199:] + [canary]
+
+  @property
+  def quiet_canary(self) -> float:
+    """The canary's speed on a quiet core: a low percentile of recent passes.
+
+    Not the minimum: one pass that reads low by chance would make every later pass
+    look contended.
+    """
+    if not self._canaries:
+      return math.inf
+    return float(np.percentile(self._canaries, 20))
 
   def close(self) -> None:
     if self._proc.poll() is None:
@@ -295,8 +310,8 @@ def measure_block(runner: Runner, hex_bytes: str) -> BlockResult:
       p = runner.time(hex_bytes, a, b, cfg.rounds, repeat)
       if isinstance(p, str):  # faults now but not in the probe (rare: timing-dependent)
         return BlockResult(None, error=p)
-      runner.best_canary = min(runner.best_canary, p.canary)
-      if p.canary <= runner.best_canary * (1 + cfg.contention_tolerance):
+      runner.note_canary(p.canary)
+      if p.canary <= runner.quiet_canary * (1 + cfg.contention_tolerance):
         break
     else:
       contended += 1  # still busy after the retries: keep the last pass, but say so
@@ -313,16 +328,16 @@ def _spread(values: Sequence[float]) -> float:
 
 
 def warm_up(runner: Runner, seconds: float = 0.3) -> None:
-  """Sets the runner's best canary from a few passes of a trivial block.
+  """Records the canary over a few passes of a trivial block.
 
-  Contention is judged against the quietest canary seen; a first estimate before
+  Contention is judged against the canary of recent passes; a first sample before
   the first real block keeps that block from setting the reference alone.
   """
   t0 = time.perf_counter()
   while time.perf_counter() - t0 < seconds:
     p = runner.time("90", 200, 100, runner.config.rounds, 30)
     if isinstance(p, Pass):
-      runner.best_canary = min(runner.best_canary, p.canary)
+      runner.note_canary(p.canary)
 
 
 # ---------------------------------------------------------------------------------

@@ -71,8 +71,9 @@ static struct result *g_result;
 static struct control *g_ctl;
 static uint8_t *g_code;
 static size_t g_code_size;
-static uint8_t *g_block_code;  // start of the block_a body, to name a faulting offset
-static size_t g_block_len, g_block_a;
+// Where the block's copies start in each of its two layouts, to name a faulting offset.
+static uint8_t *g_block_code[2];
+static size_t g_block_len, g_block_n[2];
 static int g_pages, g_max_pages;
 static uint64_t g_stack_lo, g_stack_hi;
 
@@ -254,10 +255,11 @@ static void reject(const char *reason, const char *fmt, ...) {
 
 // The byte offset inside the block of a faulting instruction, or -1 outside it.
 static long block_offset(uint64_t rip) {
-  if (!g_block_code || g_block_len == 0) return -1;
-  uint64_t lo = (uint64_t)g_block_code, hi = lo + g_block_len * g_block_a;
-  if (rip < lo || rip >= hi) return -1;
-  return (long)((rip - lo) % g_block_len);
+  for (int k = 0; k < 2; k++) {
+    uint64_t lo = (uint64_t)g_block_code[k], hi = lo + g_block_len * g_block_n[k];
+    if (g_block_len && rip >= lo && rip < hi) return (long)((rip - lo) % g_block_len);
+  }
+  return -1;
 }
 
 static void on_fault(int sig, siginfo_t *si, void *uc_void) {
@@ -269,6 +271,9 @@ static void on_fault(int sig, siginfo_t *si, void *uc_void) {
     uint64_t page = addr & ~(PAGE - 1);
     if (addr < 0x10000) reject("null-page", "access to address 0x%lx at block offset %ld",
                                (unsigned long)addr, off);
+    if (addr >= 0x800000000000ULL)
+      reject("kernel-address", "access to kernel address 0x%lx at block offset %ld",
+             (unsigned long)addr, off);
     if (++g_pages > g_max_pages)
       reject("too-many-pages", "touches more than %d pages (latest 0x%lx, block offset %ld)",
              g_max_pages, (unsigned long)addr, off);
@@ -374,10 +379,11 @@ static void measure(const uint8_t *block, size_t len, int a, int b, int rounds, 
   for (int s = 0; s < N_SNIPPETS; s++) {
     uint8_t *start = NULL;
     emit_snippet(g_code + offsets[s], bodies[s], lens[s], counts[s], &start);
-    if (s == SN_BLOCK_A) g_block_code = start;
+    if (s == SN_BLOCK_A || s == SN_BLOCK_B) g_block_code[s - SN_BLOCK_A] = start;
   }
   g_block_len = len;
-  g_block_a = (size_t)a;
+  g_block_n[0] = (size_t)a;
+  g_block_n[1] = (size_t)b;
   // Executable, not writable: a block that writes into its own code is rejected.
   if (mprotect(g_code, total, PROT_READ | PROT_EXEC) != 0)
     reject("runner", "cannot make code executable: %s", strerror(errno));
