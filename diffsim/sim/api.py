@@ -26,7 +26,7 @@ from diffsim.isa.ir import Block
 from diffsim.params.table import Layout, Params, Structure, Table
 from diffsim.sim import soft
 from diffsim.sim.facts import gather
-from diffsim.sim.pipeline import run_block, run_queue
+from diffsim.sim.pipeline import integer_globals, run_block, run_queue
 
 DEFAULT_MAX_CYCLES = 1 << 20
 
@@ -53,22 +53,30 @@ def _run_one(params, structure, layout, window, max_cycles, fast_forward, block,
                    fast_forward=fast_forward, trace=trace)
 
 
+def _sharded_queue(facts, limits, iterations, members, *, window, max_cycles, fast_forward,
+                   slots):
+  """`run_queue` on every local device, each with its share of the jobs."""
+  spec = PartitionSpec("blocks")
+
+  @functools.partial(jax.shard_map, mesh=_mesh(), in_specs=(spec, spec, spec),
+                     out_specs=(spec, spec), check_vma=False)
+  def sharded(facts, limits, iterations):
+    return run_queue(facts, limits, members, iterations, slots=slots, window=window,
+                     max_cycles=max_cycles, fast_forward=fast_forward)
+
+  return sharded(facts, limits, iterations)
+
+
 @functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles", "fast_forward",
                                              "slots"))
 def _simulate(params, structure, batch, iterations, *, layout, window, max_cycles,
               fast_forward, slots):
-  mesh = _mesh()
-  spec = PartitionSpec("blocks")
-  members = jnp.asarray(layout.group_members, jnp.int32)
-
-  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec),
-                     out_specs=(spec, spec), check_vma=False)
-  def sharded(batch, iterations):
-    facts = jax.vmap(lambda b: gather(params, structure, layout, b))(batch)
-    return run_queue(facts, params, members, iterations, slots=slots, window=window,
-                     max_cycles=max_cycles, fast_forward=fast_forward)
-
-  return sharded(batch, iterations)
+  facts = jax.vmap(lambda b: gather(params, structure, layout, b))(batch)
+  limits = jax.tree.map(lambda x: jnp.broadcast_to(x, iterations.shape + x.shape),
+                        integer_globals(params))
+  return _sharded_queue(facts, limits, iterations, jnp.asarray(layout.group_members, jnp.int32),
+                        window=window, max_cycles=max_cycles, fast_forward=fast_forward,
+                        slots=slots)
 
 
 def _pad_batch(batch: BlockBatch, iterations, multiple: int):
@@ -109,26 +117,40 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
   return np.asarray(cycles)[:B], np.asarray(overflow)[:B]
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles"))
-def _sweep(params, structure, batch, iterations, *, layout, window, max_cycles):
-  run = lambda p, b, it: _run_one(p, structure, layout, window, max_cycles, True, b, it)  # noqa
-  over_blocks = jax.vmap(run, in_axes=(None, 0, 0))
-  return jax.vmap(over_blocks, in_axes=(0, None, None))(params, batch, iterations)
+@functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles", "slots"))
+def _sweep(params, structure, batch, iterations, *, layout, window, max_cycles, slots):
+  """Every (table, block) pair as one job of the queue: [P, B] cycles and overflow."""
+  P, B = params.dispatch_width.shape[0], iterations.shape[0]
+  facts = jax.vmap(lambda p: jax.vmap(lambda b: gather(p, structure, layout, b))(batch))(params)
+  limits = jax.vmap(integer_globals)(params)
+  limits = jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (P, B) + x.shape[1:]), limits)
+  flat = lambda x: x.reshape((P * B,) + x.shape[2:])  # noqa: E731
+  cycles, overflow = _sharded_queue(
+      jax.tree.map(flat, facts), jax.tree.map(flat, limits), jnp.tile(iterations, P),
+      jnp.asarray(layout.group_members, jnp.int32), window=window, max_cycles=max_cycles,
+      fast_forward=True, slots=slots)
+  return cycles.reshape(P, B), overflow.reshape(P, B)
 
 
 def simulate_sweep(params: Params, structure: Structure, layout: Layout, batch: BlockBatch,
-                   iterations: int = 100, *, max_cycles: int = DEFAULT_MAX_CYCLES):
+                   iterations: int = 100, *, max_cycles: int = DEFAULT_MAX_CYCLES,
+                   slots: int = 64):
   """Total Cycles of every (parameter set, block) pair: [P, B].
 
   `params` has a leading axis P over parameter sets (all with the table's layout);
-  each set is simulated against every block.
+  each set is simulated against every block. The P x B pairs share one queue of
+  `slots` simulation slots per device, so the sweep costs the sum of the pairs'
+  cycles, as `simulate` does for blocks.
   """
   B = batch.opcode.shape[0]
-  its = np.full(B, iterations, np.int32)
+  n_dev = len(jax.local_devices())
+  # The flattened job axis (P x B) is sharded, so B is padded to the device count.
+  batch_p, its = _pad_batch(jax.tree.map(np.asarray, batch), np.full(B, iterations, np.int32),
+                            n_dev)
   rob = int(np.max(np.asarray(params.rob_size)))
-  cycles, overflow = _sweep(params, structure, jax.tree.map(np.asarray, batch), its,
-                            layout=layout, window=window_for(rob), max_cycles=max_cycles)
-  return np.asarray(cycles), np.asarray(overflow)
+  cycles, overflow = _sweep(params, structure, batch_p, its, layout=layout,
+                            window=window_for(rob), max_cycles=max_cycles, slots=slots)
+  return np.asarray(cycles)[:, :B], np.asarray(overflow)[:, :B]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -106,8 +106,9 @@ def run_block(facts: Facts, params, members, iterations, *, window: int, max_cyc
   return state.last_retire + 1, overflow
 
 
-def run_queue(all_facts: Facts, params, members, iterations, *, slots: int, window: int,
-              max_cycles: int, fast_forward: bool = True, refill_every: int = 8):
+def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots: int,
+              window: int, max_cycles: int, fast_forward: bool = True,
+              refill_every: int = 8):
   """Total cycles of many blocks through a fixed number of simulation slots.
 
   Cycle counts are heavy-tailed (median about 130, p99 about 4,000 at 100
@@ -119,28 +120,32 @@ def run_queue(all_facts: Facts, params, members, iterations, *, slots: int, wind
 
   Args:
     all_facts: Facts of every block, leading axis N.
+    all_limits: `integer_globals` of each block's table, leading axis N: a sweep
+      queues (table, block) pairs, each slot with its own widths and buffer sizes.
     iterations: [N] int32.
 
   Returns:
     (cycles [N] int32, overflow [N] bool).
   """
-  g = integer_globals(params)
   N = iterations.shape[0]
   S = min(slots, N)
 
   def start(i):
-    """Facts and a fresh state for block i (clamped; inactive slots are masked)."""
+    """Facts, limits and a fresh state for block i (clamped; inactive slots are
+    masked)."""
     i = jnp.minimum(i, N - 1)
-    facts = jax.tree.map(lambda x: x[i], all_facts)
-    state = init(facts.n * iterations[i], facts.unit_cycles.shape[-1],
-                 members, params.buffer_size.shape[0], params.prf_size.shape[0], window)
-    return facts, state, period.init_memory()
+    facts, g = jax.tree.map(lambda x: x[i], (all_facts, all_limits))
+    state = init(facts.n * iterations[i], facts.unit_cycles.shape[-1], members,
+                 g["buffer_size"].shape[0], g["prf_size"].shape[0], window)
+    return (facts, g), state, period.init_memory()
 
-  def cycles_of(facts, state, memory):
+  def cycles_of(facts_g, state, memory):
     """One cycle of every slot. Fingerprints and jumps run batch-wide only when some
     slot needs them (a vmapped branch would cost every slot every cycle). A finished
     slot may keep stepping: it has nothing left to retire, issue or dispatch."""
-    state, look = jax.vmap(lambda f, s, m: stride(s, m, f, members, g))(facts, state, memory)
+    facts, g = facts_g
+    state, look = jax.vmap(lambda f, g, s, m: stride(s, m, f, members, g))(
+        facts, g, state, memory)
     if not fast_forward:
       return state, memory
     look &= jax.vmap(lambda s: running(s, max_cycles))(state)
