@@ -1,0 +1,192 @@
+"""PerfVec trained on simulator sweeps: accuracy where training never looked, speed,
+and the foundation-model use on real Zen 5 measurements.
+
+1. Draws BHive blocks (../shared/data/bhive; the shipped mca-small sample without it),
+   keeping one application out entirely, and labels them on every uarch with the
+   simulator (training tables: llvm-mca's haswell and znver3 and tables sampled around
+   them; held out: more sampled tables, and llvm-mca's skylake model entirely).
+2. Trains PerfVec (`diffsim perfvec train` does the same) and prints MAPE and Kendall's
+   tau against the simulator's labels for seen/unseen uarchs x unseen blocks and the
+   held-out application, next to llvm-mca itself on the held-out model.
+3. Speed: sweep labelling (pairs/s), training (blocks/s), prediction (pairs/s) beside
+   the simulator and llvm-mca, embedding (blocks/s).
+4. Zen 5: freezes everything but a new uarch vector, fits it on K measured blocks
+   (K = 32, 128, 512) and reports held-out MAPE against the measurements, beside
+   `diffsim fit` of the znver3 table on the same K blocks.
+
+  python benchmarks/perfvec_eval.py [--out runs/perfvec] [--blocks 2000] [--samples 32]
+      [--dim 256] [--epochs 30] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from diffsim.cli import mca_predict, sim_predict, use_all_cores
+from diffsim.data import load_csv, metrics, shared_data_dir, shipped
+from diffsim.fit import FitConfig, fit
+from diffsim.isa import decode_blocks
+from diffsim.params.table import Table, load_table
+from diffsim.perfvec import Experiment, build_data, evaluate, load, save, train
+from diffsim.perfvec.evaluate import fit_uarch
+
+
+def corpus(limit: int, seed: int) -> tuple[list[str], list[str], str]:
+  """(hexes, apps, source) of a seeded sample of the BHive corpus."""
+  shared = shared_data_dir()
+  if shared is None:
+    ds = load_csv(shipped("mca-small.csv"))
+    return list(ds.hex), [""] * len(ds), "shipped mca-small.csv (no ../shared)"
+  with open(shared / "bhive" / "blocks.csv") as f:
+    rows = list(csv.DictReader(f))
+  pick = np.random.default_rng(seed).permutation(len(rows))[:limit]
+  return ([rows[i]["hex"] for i in pick], [rows[i]["apps"] for i in pick],
+          f"{len(pick)} of {len(rows)} BHive blocks (seed {seed})")
+
+
+def table(rows: list[dict], title: str) -> None:
+  print(f"\n{title}")
+  print(f"| {'what':<52} | {'MAPE':>7} | {'tau':>5} | {'within 5%':>9} | {'pairs':>6} |")
+  print(f"|{'-' * 54}|{'-' * 9}|{'-' * 7}|{'-' * 11}|{'-' * 8}|")
+  for r in rows:
+    print(f"| {r['what']:<52} | {100 * r['mape']:6.2f}% | {r['kendall_tau']:5.3f} | "
+          f"{100 * r['within_5pct']:8.1f}% | {r['n']:>6} |")
+
+
+def speed(trained, data, exp: Experiment, mca_cpu: str) -> list[dict]:
+  """Predictions per second: PerfVec (embed + product), the simulator, llvm-mca."""
+  test = [b for b, p in zip(data.blocks, data.part) if p >= 2]
+  trained.embed(test[:64])  # compile
+  t = time.time()
+  progs = trained.embed(test)
+  u = trained.uarch(mca_cpu)
+  trained.predict(progs, u)
+  t_pv = time.time() - t
+  sk = load_table(mca_cpu)
+  sim_predict(sk, test[:8], exp.iterations, "steady", False)  # compile the buckets
+  t = time.time()
+  sim = sim_predict(sk, test, exp.iterations, "steady", False)
+  t_sim = time.time() - t
+  t = time.time()
+  mca = mca_predict(test, mca_cpu, exp.iterations, "steady", False)
+  t_mca = time.time() - t
+  n = len(test)
+  rows = [dict(what="PerfVec (embed + product)", per_s=n / t_pv),
+          dict(what=f"diffsim simulate ({mca_cpu}, steady)", per_s=n / t_sim),
+          dict(what=f"llvm-mca {mca_cpu} (1 process, steady)", per_s=n / t_mca)]
+  lab = data.y[[i for i, x in enumerate(data.uarchs) if x.name == mca_cpu][0]][data.part >= 2]
+  acc = dict(sim=metrics.mape([p for p, _ in sim], lab), mca=metrics.mape([p for p, _ in mca], lab),
+             perfvec=metrics.mape(trained.predict(progs, u), lab))
+  return rows, acc
+
+
+def zen5(trained, data, exp: Experiment, ks, out: Path, sim_epochs: int) -> list[dict]:
+  """Fits a Zen 5 uarch vector (and, for comparison, the znver3 table) on K blocks."""
+  shared = shared_data_dir()
+  path = (shared / "measured" / "zen5-measured.csv") if shared else shipped("zen5-small.csv")
+  ds = load_csv(path)
+  seen = {b.hex for b in data.blocks}
+  blocks = decode_blocks(list(ds.hex))
+  ok = [i for i, b in enumerate(blocks)
+        if not isinstance(b, Exception) and 0 < len(b.instrs) <= exp.max_len
+        and b.hex not in seen and np.isfinite(ds.y[i]) and ds.y[i] > 0]
+  rng = np.random.default_rng(exp.seed)
+  ok = list(rng.permutation(ok))
+  test, pool = ok[:1000], ok[1000:]
+  progs = trained.embed([blocks[i] for i in test + pool[:max(ks)]])
+  p_test, p_pool = progs[:len(test)], progs[len(test):]
+  y_test = ds.y[test]
+  init = trained.uarch("znver3")
+  rows = [dict(K=0, perfvec=metrics.mape(trained.predict(p_test, init), y_test),
+               perfvec_tau=metrics.kendall_tau(trained.predict(p_test, init), y_test))]
+  z3 = load_table("znver3")
+  sim0 = [p for p, _ in sim_predict(z3, [blocks[i] for i in test], 100, "steady", False)]
+  rows[0].update(sim=metrics.mape(sim0, y_test), sim_tau=metrics.kendall_tau(sim0, y_test))
+  for K in ks:
+    t = time.time()
+    u = fit_uarch(trained, p_pool[:K], ds.y[pool[:K]], init)
+    pred = trained.predict(p_test, u)
+    row = dict(K=K, perfvec=metrics.mape(pred, y_test), perfvec_tau=metrics.kendall_tau(pred, y_test),
+               perfvec_s=time.time() - t)
+    if sim_epochs:
+      t = time.time()
+      train_ds = ds.take(pool[:K])
+      res = fit(z3, train_ds, None, out / f"zen5-fit-K{K}",
+                FitConfig(epochs=sim_epochs, batch_size=min(128, K), lr=0.03), progress=False,
+                log=lambda *_: None)
+      learned = Table(res.params, z3.structure, z3.layout)
+      sim = [p for p, _ in sim_predict(learned, [blocks[i] for i in test], 100, "steady", False)]
+      row.update(sim=metrics.mape(sim, y_test), sim_tau=metrics.kendall_tau(sim, y_test),
+                 sim_s=time.time() - t)
+    rows.append(row)
+    print(f"  K={K}: {row}", flush=True)
+  return rows, len(test), str(path)
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--out", default="runs/perfvec")
+  ap.add_argument("--corpus", type=int, default=12000, help="BHive rows read (seeded sample)")
+  ap.add_argument("--blocks", type=int, default=2000)
+  ap.add_argument("--samples", type=int, default=32)
+  ap.add_argument("--heldout-samples", type=int, default=8)
+  ap.add_argument("--heldout-app", default="sqlite")
+  ap.add_argument("--max-len", type=int, default=32)
+  ap.add_argument("--dim", type=int, default=256)
+  ap.add_argument("--epochs", type=int, default=30)
+  ap.add_argument("--sim-epochs", type=int, default=4,
+                  help="epochs of the diffsim fit compared at each K (0: skip it)")
+  ap.add_argument("--ks", default="32,128,512")
+  ap.add_argument("--quick", action="store_true", help="a toy run (minutes)")
+  args = ap.parse_args()
+  use_all_cores()
+  if args.quick:
+    args.corpus, args.blocks, args.samples, args.heldout_samples = 1500, 200, 3, 2
+    args.dim, args.epochs, args.max_len, args.ks, args.sim_epochs = 64, 2, 16, "32", 1
+  exp = Experiment(samples=args.samples, heldout_samples=args.heldout_samples,
+                   max_len=args.max_len, blocks=args.blocks, heldout_app=args.heldout_app,
+                   dim=args.dim, epochs=args.epochs)
+  out = Path(args.out)
+  hexes, apps, source = corpus(args.corpus, exp.seed)
+  print(f"blocks: {source}")
+  t = time.time()
+  data = build_data(hexes, apps, exp, out / "labels")
+  t_data = time.time() - t
+  variables, cfg = train(data, exp, out)
+  save(out, variables, cfg, exp, data)
+  trained = load(out)
+  history = json.loads((out / "history.json").read_text())
+  rows = evaluate(trained, data)
+  table(rows, "PerfVec against the simulator's labels (steady state, cycles per 100 its):")
+  spd, acc = speed(trained, data, exp, exp.heldout_models[0])
+  print(f"\nheld-out model {exp.heldout_models[0]}, test and held-out-application blocks, "
+        f"MAPE against the labels: "
+        f"PerfVec {100 * acc['perfvec']:.2f}%, diffsim {100 * acc['sim']:.2f}%, "
+        f"llvm-mca {100 * acc['mca']:.2f}%")
+  print("\n| predictor | predictions/s |\n|---|---|")
+  for r in spd:
+    print(f"| {r['what']} | {r['per_s']:,.0f} |")
+  fits = [h["blocks_per_s"] for h in history[1:]] or [history[0]["blocks_per_s"]]
+  print(f"training: {np.median(fits):,.0f} blocks/s (median epoch; each block x "
+        f"{cfg.train_tables} uarchs), labels+data {t_data:.0f} s")
+  ks = [int(k) for k in args.ks.split(",") if k]
+  z, n_test, zpath = zen5(trained, data, exp, ks, out, args.sim_epochs)
+  print(f"\nZen 5 ({zpath}): uarch vector fitted on K measured blocks, encoder frozen; "
+        f"MAPE on {n_test} held-out measured blocks (<= {exp.max_len} instructions):")
+  print("| K | PerfVec MAPE | tau | diffsim fit (znver3 init) MAPE | tau |\n|---|---|---|---|---|")
+  for r in z:
+    sim = f"{100 * r['sim']:.1f}% | {r['sim_tau']:.3f}" if "sim" in r else "- | -"
+    print(f"| {r['K']} | {100 * r['perfvec']:.1f}% | {r['perfvec_tau']:.3f} | {sim} |")
+  (out / "benchmark.json").write_text(json.dumps(
+      dict(rows=rows, speed=spd, heldout_model_mape=acc, zen5=z, history=history,
+           experiment=vars(args)), indent=1, default=float))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,176 @@
+"""The `diffsim perfvec` subcommands: train on simulator sweeps, embed, predict.
+
+  diffsim perfvec train [IN.csv | --shipped NAME] --out DIR     resumable
+  diffsim perfvec embed IN.csv --model DIR -o VECS.npy
+  diffsim perfvec predict IN.csv --model DIR --uarch NAME_OR_PARAMS.json -o OUT.csv
+
+`train` labels the input's blocks on llvm-mca tables and tables sampled around them
+(`diffsim.params.sample`) with the simulator, fits the model, and writes DIR/model,
+DIR/model.json, DIR/history.json and DIR/report.json. `embed` writes one program vector
+per input row (NaN for a row it cannot embed; the reasons go to stderr). `predict`
+writes `hex,prediction,error` like `diffsim simulate`, in cycles per 100 iterations:
+`--uarch` names a training uarch (its own vector) or any table (the encoder's vector).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from diffsim.cli import (CliError, _add_input, _decode, _positive_int, _read_rows,
+                         _report_failures, _say, _write_predictions)
+
+
+def add_subcommand(subparsers) -> None:
+  """Adds `perfvec` (with train, embed, predict) to the `diffsim` command."""
+  top = subparsers.add_parser(
+    "perfvec", help="PerfVec program and uarch representations (train, embed, predict)",
+    description="Program vectors (an LSTM over the looped block) and microarchitecture "
+                "vectors whose product predicts throughput, trained on the simulator's "
+                "sweeps over llvm-mca tables and tables sampled around them.")
+  sub = top.add_subparsers(dest="perfvec_command", metavar="ACTION", required=True)
+
+  p = sub.add_parser("train", help="label blocks with simulator sweeps and train (resumable)")
+  _add_input(p)
+  p.add_argument("--out", required=True, metavar="DIR",
+                 help="model, checkpoints, label cache and report; rerunning resumes")
+  p.add_argument("--train-tables", default="haswell,znver3", metavar="A,B",
+                 help="llvm-mca tables trained on, with their samples (default haswell,znver3)")
+  p.add_argument("--heldout-models", default="skylake", metavar="A,B",
+                 help="tables held out entirely, for testing (default skylake; '' for none)")
+  p.add_argument("--samples", type=int, default=32, help="sampled tables per base (32)")
+  p.add_argument("--heldout-samples", type=int, default=8,
+                 help="sampled tables per base kept for testing (8)")
+  p.add_argument("--blocks", type=_positive_int, default=2000, help="blocks drawn (2000)")
+  p.add_argument("--max-len", type=_positive_int, default=32,
+                 help="longest block drawn, in instructions (32)")
+  p.add_argument("--heldout-app", default="",
+                 help="a BHive application (apps column) kept out of training")
+  p.add_argument("--dim", type=_positive_int, default=256, help="vector width (256)")
+  p.add_argument("--layers", type=_positive_int, default=2, help="LSTM layers (2)")
+  p.add_argument("--epochs", type=_positive_int, default=30)
+  p.add_argument("--batch-size", type=_positive_int, default=64)
+  p.add_argument("--lr", type=float, default=2e-3)
+  p.add_argument("--seed", type=int, default=0)
+  p.set_defaults(func=cmd_train)
+
+  p = sub.add_parser("embed", help="program vectors of blocks (.npy, one row per input row)")
+  _add_input(p)
+  p.add_argument("--model", required=True, metavar="DIR", help="a `perfvec train --out` DIR")
+  p.add_argument("-o", "--output", required=True, metavar="VECS.npy")
+  p.set_defaults(func=cmd_embed)
+
+  p = sub.add_parser("predict", help="throughputs on a uarch, hex,prediction,error")
+  _add_input(p)
+  p.add_argument("--model", required=True, metavar="DIR", help="a `perfvec train --out` DIR")
+  p.add_argument("--uarch", required=True, metavar="NAME_OR_PARAMS.json",
+                 help="a training uarch (see DIR/model.json), a shipped table or a JSON table")
+  p.add_argument("-o", "--output", metavar="OUT.csv", help="output CSV (default stdout)")
+  p.set_defaults(func=cmd_predict)
+
+
+def _names(s: str) -> tuple[str, ...]:
+  return tuple(x for x in s.split(",") if x)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+  from diffsim.data import load_csv
+  from diffsim.perfvec import Experiment, build_data, evaluate, load, save, train
+
+  path, rows = _read_rows(args)
+  try:
+    ds = load_csv(path)
+  except (OSError, ValueError) as e:
+    raise CliError(f"{path}: {e}") from None
+  hexes = list(ds.hex)[:args.limit] if args.limit else list(ds.hex)
+  apps = ds.extra.get("apps")
+  exp = Experiment(
+    train_bases=_names(args.train_tables), heldout_models=_names(args.heldout_models),
+    samples=args.samples, heldout_samples=args.heldout_samples, max_len=args.max_len,
+    blocks=args.blocks, heldout_app=args.heldout_app, dim=args.dim, layers=args.layers,
+    epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+  if not exp.train_bases:
+    raise CliError("--train-tables: name at least one table")
+  if args.heldout_app and apps is None:
+    raise CliError(f"--heldout-app {args.heldout_app}: {path} has no apps column")
+  out = Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "experiment.json").write_text(json.dumps(exp.__dict__, indent=1))
+  try:
+    data = build_data(hexes, apps, exp, out / "labels", progress=args.progress, log=_say)
+  except (OSError, ValueError, KeyError) as e:
+    raise CliError(str(e)) from None
+  if not (data.part == 0).any():
+    raise CliError(f"{path}: no block usable for training (need blocks of at most "
+                   f"{exp.max_len} instructions that every table can simulate)")
+  variables, cfg = train(data, exp, out, progress=args.progress, log=_say)
+  save(out, variables, cfg, exp, data)
+  rows_ = evaluate(load(out), data)
+  (out / "report.json").write_text(json.dumps(rows_, indent=1, default=float))
+  for r in rows_:
+    print(f"{r['what']}: MAPE {100 * r['mape']:.2f}%, Kendall tau {r['kendall_tau']:.3f} "
+          f"({r['n']} pairs)")
+  _say(f"wrote {out / 'model'}, {out / 'model.json'}, {out / 'report.json'}")
+  return 0
+
+
+def _embed_rows(args: argparse.Namespace):
+  """(trained model, hexes, vectors [N, dim] with NaN rows, (value, error) per row)."""
+  import numpy as np
+
+  from diffsim.perfvec import load
+  from diffsim.perfvec.features import SEQ_BUCKETS
+
+  try:
+    trained = load(args.model)
+  except (OSError, ValueError) as e:
+    raise CliError(f"--model {args.model}: {e}") from None
+  _, rows = _read_rows(args)
+  blocks = _decode(rows, args.progress)
+  status: list[tuple[float | None, str | None]] = []
+  good = []
+  for i, b in enumerate(blocks):
+    if isinstance(b, Exception):
+      status.append((None, f"decode: {b}"))
+    elif not b.instrs:
+      status.append((None, "empty block"))
+    elif 2 * len(b.instrs) > SEQ_BUCKETS[-1]:
+      status.append((None, f"block has {len(b.instrs)} instructions; PerfVec takes at most "
+                           f"{SEQ_BUCKETS[-1] // 2}"))
+    else:
+      status.append((0.0, None))
+      good.append(i)
+  vecs = np.full((len(blocks), trained.cfg.dim), np.nan, np.float32)
+  if good:
+    vecs[good] = trained.embed([blocks[i] for i in good])
+  return trained, [b.hex if not isinstance(b, Exception) else "" for b in blocks], vecs, status
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+  import numpy as np
+
+  _, _, vecs, status = _embed_rows(args)
+  try:
+    np.save(args.output, vecs)
+  except OSError as e:
+    raise CliError(f"cannot write {args.output}: {e.strerror}") from None
+  _report_failures("perfvec embed", status)
+  _say(f"wrote {args.output}: {vecs.shape[0]} x {vecs.shape[1]} program vectors")
+  return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+  from diffsim.cli import _hex_field
+
+  trained, _, vecs, status = _embed_rows(args)
+  try:
+    u = trained.uarch(args.uarch)
+  except (OSError, ValueError, KeyError) as e:
+    raise CliError(f"--uarch {args.uarch}: {e}") from None
+  pred = trained.predict(vecs, u)
+  out = [(float(p), None) if err is None else (None, err) for p, (_, err) in zip(pred, status)]
+  _, rows = _read_rows(args)
+  _write_predictions(args.output, [_hex_field(r) for r in rows], out)
+  _report_failures("perfvec predict", out)
+  return 0

@@ -1,0 +1,163 @@
+"""Using a trained PerfVec: save and load it, embed blocks, predict, evaluate, and fit
+a uarch vector for a new CPU with the program encoder frozen."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from diffsim.data import metrics
+from diffsim.isa.ir import Block
+from diffsim.params.table import load_table
+from diffsim.perfvec.data import Uarch, uarch_params
+from diffsim.perfvec.features import vocabulary
+from diffsim.perfvec.model import ModelConfig, predict
+from diffsim.perfvec.train import Data, Experiment, _init, _program_vectors, _uarch_vectors
+from diffsim.perfvec.uarch import uarch_features
+
+
+@dataclasses.dataclass
+class Trained:
+  """A trained model: its variables, config, and the names of its training uarchs."""
+
+  variables: dict
+  cfg: ModelConfig
+  train_uarchs: list[str]
+  experiment: dict
+
+  def embed(self, blocks: Sequence[Block]) -> np.ndarray:
+    """[N, dim] program vectors."""
+    return _program_vectors(self.variables, self.cfg, blocks)
+
+  def uarch(self, name_or_path: str) -> np.ndarray:
+    """[dim] uarch vector: a training uarch's own vector, else the encoder's vector of
+    the table (a shipped name, a JSON table, or a sampled name such as haswell~0.40)."""
+    if name_or_path in self.train_uarchs:
+      i = self.train_uarchs.index(name_or_path)
+      return np.asarray(self.variables["params"]["uarch_table"])[i]
+    u = Uarch.parse(name_or_path)
+    table, params = uarch_params([u])
+    per, glob = uarch_features(table, params)
+    return _uarch_vectors(self.variables, self.cfg, per, glob)[0]
+
+  def predict(self, programs: np.ndarray, uarch: np.ndarray) -> np.ndarray:
+    """Cycles per 100 iterations of each program vector on one uarch vector."""
+    return np.asarray(predict(programs, uarch[None]))[:, 0] * 100.0
+
+
+def save(out_dir: Path, variables, cfg: ModelConfig, exp: Experiment, data: Data) -> Path:
+  """Writes DIR/model (orbax) and DIR/model.json (config, uarch names, vocabulary size)."""
+  import orbax.checkpoint as ocp
+
+  out = Path(out_dir).absolute()
+  path = out / "model"
+  with ocp.StandardCheckpointer() as ckpt:
+    ckpt.save(path, variables, force=True)
+  meta = dict(config=dataclasses.asdict(cfg), experiment=dataclasses.asdict(exp),
+              train_uarchs=[u.name for u, r in zip(data.uarchs, data.role) if r == "train"],
+              vocabulary=len(vocabulary()))
+  (out / "model.json").write_text(json.dumps(meta, indent=1))
+  return path
+
+
+def load(model_dir: str | Path) -> Trained:
+  """A model saved by `save` (`diffsim perfvec train --out DIR`)."""
+  import orbax.checkpoint as ocp
+
+  d = Path(model_dir).absolute()
+  meta_file = d / "model.json"
+  if not meta_file.exists():
+    raise FileNotFoundError(f"{d} holds no trained PerfVec model (no model.json); train one "
+                            f"with `diffsim perfvec train --out {d}`")
+  meta = json.loads(meta_file.read_text())
+  if meta["vocabulary"] != len(vocabulary()):
+    raise ValueError(f"{d}: the model's opcode vocabulary has {meta['vocabulary']} entries, "
+                     f"this diffsim's {len(vocabulary())}")
+  cfg = ModelConfig(**meta["config"])
+  per, glob = uarch_features(load_table("haswell"))
+  like = _init(cfg, per[None], glob[None], 0)
+  with ocp.StandardCheckpointer() as ckpt:
+    variables = ckpt.restore(d / "model", jax.tree.map(ocp.utils.to_shape_dtype_struct, like))
+  return Trained(variables, cfg, meta["train_uarchs"], meta["experiment"])
+
+
+def _summary(pred: np.ndarray, y: np.ndarray) -> dict:
+  """MAPE over all (uarch, block) pairs; Kendall's tau per uarch, averaged."""
+  ok = np.isfinite(y) & (y > 0)
+  taus = [metrics.kendall_tau(p[o], t[o]) for p, t, o in zip(pred, y, ok) if o.sum() > 1]
+  return dict(mape=metrics.mape(pred[ok], y[ok]), kendall_tau=float(np.nanmean(taus)),
+              within_5pct=metrics.within(pred[ok], y[ok], 0.05), n=int(ok.sum()),
+              uarchs=len(pred))
+
+
+def evaluate(trained: Trained, data: Data) -> list[dict]:
+  """Accuracy against the simulator's labels on everything training did not see."""
+  progs = trained.embed(data.blocks)
+  role = np.array(data.role)
+  enc = _uarch_vectors(trained.variables, trained.cfg, data.per_opcode, data.glob)
+  tab = np.zeros_like(enc)
+  tab[role == "train"] = np.asarray(trained.variables["params"]["uarch_table"])
+  rows = []
+
+  def add(what, uarch_mask, part, vectors):
+    ids = np.flatnonzero(np.isin(data.part, part))
+    if not uarch_mask.any() or not len(ids):
+      return
+    pred = np.asarray(predict(progs[ids], vectors[uarch_mask])).T * 100.0
+    rows.append(dict(what=what, **_summary(pred, data.y[uarch_mask][:, ids])))
+
+  train = role == "train"
+  add("seen uarchs x unseen blocks (uarch table)", train, [2], tab)
+  add("seen uarchs x unseen blocks (uarch encoder)", train, [2], enc)
+  add("held-out sampled tables x unseen blocks", role == "heldout_sampled", [2], enc)
+  for u, r in zip(data.uarchs, data.role):
+    if r == "heldout_model":
+      add(f"held-out model {u.name} x unseen blocks",
+          np.array([x is u for x in data.uarchs]), [2], enc)
+  add("seen uarchs x held-out application", train, [3], tab)
+  add("held-out sampled tables x held-out application", role == "heldout_sampled", [3], enc)
+  add("held-out models x held-out application", role == "heldout_model", [3], enc)
+  add("seen uarchs x training blocks (fit)", train, [0], tab)
+  return rows
+
+
+def fit_uarch(trained: Trained, programs: np.ndarray, y: np.ndarray, init: np.ndarray, *,
+              steps: int = 500, lr: float = 0.02, prior: float = 1e-3) -> np.ndarray:
+  """A uarch vector fitted to labelled blocks, everything else frozen.
+
+  Args:
+    programs: [K, dim] program vectors of the labelled blocks (`Trained.embed`).
+    y: [K] cycles per 100 iterations.
+    init: [dim] the starting vector (the encoder's vector of the nearest known table);
+      `prior` pulls towards it, since K may be far below dim.
+  """
+  P = jnp.asarray(programs)
+  t = jnp.log(jnp.asarray(y, jnp.float32) / 100.0)
+  u0 = jnp.asarray(init, jnp.float32)
+  scale = jnp.maximum(jnp.mean(u0**2), 1e-6)
+
+  def loss(u):
+    err = jnp.log(jnp.maximum(predict(P, u[None])[:, 0], 1e-3)) - t
+    return jnp.mean(err**2) + prior * jnp.mean((u - u0) ** 2) / scale
+
+  opt = optax.adam(lr)
+
+  @jax.jit
+  def run(u):
+    def body(carry, _):
+      u, s = carry
+      g = jax.grad(loss)(u)
+      upd, s = opt.update(g, s, u)
+      return (optax.apply_updates(u, upd), s), None
+
+    (u, _), _ = jax.lax.scan(body, (u, opt.init(u)), None, length=steps)
+    return u
+
+  return np.asarray(run(u0))

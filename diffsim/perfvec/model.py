@@ -1,0 +1,105 @@
+"""PerfVec's two representations and their product, as flax modules.
+
+- `ProgramEncoder`: instruction representations from a 2-layer LSTM over the looped
+  block (`features.Sequences`); the program vector is their sum over one iteration.
+- `UarchEncoder`: a microarchitecture vector from a table's layout-free summary
+  (`uarch.uarch_features`), for tables never trained on. Each opcode's numbers are
+  projected and weighted by a learned opcode embedding, so that a program vector can
+  pick out the opcodes its block uses.
+- Training tables also get a free vector each (`PerfVec.uarch_table`), PerfVec's own
+  form; the encoder learns to produce such vectors.
+- Time is softplus(program . uarch) cycles per iteration: positive, and close to the
+  plain dot product PerfVec uses (a program's time is the sum of its instructions').
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from diffsim.perfvec.features import NUM_FEATURES, Sequences, vocabulary
+from diffsim.perfvec.uarch import GLOBALS, PER_OPCODE
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Sizes of the model (static; saved beside every checkpoint)."""
+
+  dim: int = 256  # representation width (PerfVec: 256)
+  layers: int = 2  # LSTM layers (PerfVec: 2)
+  embed: int = 64  # opcode embedding width
+  vocab: int = len(vocabulary())
+  num_features: int = NUM_FEATURES
+  train_tables: int = 1  # free uarch vectors
+
+
+class ProgramEncoder(nn.Module):
+  """Looped block -> [dim] program vector (and [S, dim] instruction vectors)."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, seq: Sequences) -> tuple[jax.Array, jax.Array]:
+    c = self.cfg
+    x = jnp.concatenate([nn.Embed(c.vocab, c.embed, name="opcode")(seq.opcode),
+                         nn.Dense(c.embed, name="numbers")(seq.features)], -1)
+    x = nn.gelu(x)
+    lengths = seq.valid.sum(-1).astype(jnp.int32)
+    for i in range(c.layers):
+      x = nn.RNN(nn.OptimizedLSTMCell(c.dim), name=f"lstm{i}")(x, seq_lengths=lengths)
+    instr = nn.Dense(c.dim, name="instruction")(x) * seq.counted[..., None]
+    return instr.sum(-2), instr
+
+
+class UarchEncoder(nn.Module):
+  """Table summary -> [dim] uarch vector."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, per_opcode: jax.Array, glob: jax.Array) -> jax.Array:
+    c = self.cfg
+    assert per_opcode.shape[-1] == len(PER_OPCODE) and glob.shape[-1] == len(GLOBALS)
+    key = self.param("opcode", nn.initializers.normal(1.0), (c.vocab, c.dim))
+    per = nn.Dense(c.dim, name="per_opcode")(per_opcode)  # [..., V, dim]
+    pooled = jnp.einsum("...vd,vd->...d", per, key) / jnp.sqrt(c.vocab)
+    h = jnp.concatenate([pooled, nn.Dense(c.dim, name="globals")(glob)], -1)
+    h = nn.gelu(nn.Dense(c.dim, name="hidden")(h))
+    return nn.Dense(c.dim, name="out")(h)
+
+
+class PerfVec(nn.Module):
+  """Both encoders and the training tables' vectors, under one parameter tree."""
+
+  cfg: ModelConfig
+
+  def setup(self):
+    self.program = ProgramEncoder(self.cfg)
+    self.uarch = UarchEncoder(self.cfg)
+    self.uarch_table = self.param("uarch_table", nn.initializers.normal(0.1),
+                                  (self.cfg.train_tables, self.cfg.dim))
+
+  def __call__(self, seq: Sequences, per_opcode: jax.Array, glob: jax.Array):
+    """(program vectors [B, dim], encoded uarch vectors [T, dim], table vectors)."""
+    return self.program(seq)[0], self.uarch(per_opcode, glob), self.uarch_table
+
+  def embed(self, seq: Sequences) -> jax.Array:
+    return self.program(seq)[0]
+
+  def encode_uarch(self, per_opcode: jax.Array, glob: jax.Array) -> jax.Array:
+    return self.uarch(per_opcode, glob)
+
+
+def predict(program: jax.Array, uarch: jax.Array) -> jax.Array:
+  """[B, T] cycles per iteration of B programs on T microarchitectures."""
+  return jax.nn.softplus(program @ uarch.T)
+
+
+def log_error(pred: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean squared log ratio over the labelled entries (scale-free, like MAPE)."""
+  err = jnp.where(mask, jnp.log(jnp.maximum(pred, 1e-3)) - jnp.log(jnp.where(mask, y, 1.0)),
+                  0.0)
+  return jnp.sum(err**2) / jnp.maximum(jnp.sum(mask), 1)

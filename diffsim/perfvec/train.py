@@ -1,0 +1,278 @@
+"""Training PerfVec on simulator sweeps, evaluating it, and reusing it.
+
+`train` builds the data (blocks, uarchs, sweep labels), fits the model with optax,
+checkpoints every epoch with orbax (an interrupted run resumes), and evaluates on what
+training never saw: test blocks, sampled tables held out, whole llvm-mca models held
+out, and a BHive application held out. `load` restores a trained model; `embed` and
+`predict_on` use it; `fit_uarch` fits only a new uarch vector from a few labelled
+blocks with the program encoder frozen (the foundation-model use).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from diffsim.data import metrics
+from diffsim.data.split import split_ids
+from diffsim.isa import decode_blocks
+from diffsim.isa.ir import Block
+from diffsim.params.table import load_table
+from diffsim.perfvec.data import Uarch, runnable, sweep_labels, uarch_params
+from diffsim.perfvec.features import (NUM_FEATURES, SEQ_BUCKETS, Sequences, encode_sequences,
+                                      seq_bucket)
+from diffsim.perfvec.model import ModelConfig, PerfVec, log_error, predict
+from diffsim.perfvec.uarch import uarch_features
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """What to train on and how (saved as DIR/experiment.json)."""
+
+  train_bases: tuple[str, ...] = ("haswell", "znver3")
+  heldout_models: tuple[str, ...] = ("skylake",)  # llvm-mca models never trained on
+  samples: int = 32  # sampled training tables per base
+  heldout_samples: int = 8  # sampled tables per base kept for testing
+  max_len: int = 32  # longest block taken (instructions)
+  blocks: int = 2000  # blocks drawn for train/val/test
+  heldout_app: str = ""  # a BHive application kept out of training ("" = none)
+  app_blocks: int = 300  # its blocks drawn for testing
+  iterations: int = 20  # N of the steady-state labels
+  seed: int = 0
+  dim: int = 256
+  layers: int = 2
+  epochs: int = 30
+  batch_size: int = 64
+  lr: float = 2e-3
+  patience: int = 6
+
+  def uarchs(self) -> dict[str, list[Uarch]]:
+    """Uarchs by role: train, heldout_sampled, heldout_model."""
+    s, h = self.samples, self.heldout_samples
+    return dict(
+      train=[u for b in self.train_bases
+             for u in [Uarch(b)] + [Uarch(b, i, self.seed) for i in range(s)]],
+      heldout_sampled=[Uarch(b, i, self.seed) for b in self.train_bases
+                       for i in range(s, s + h)],
+      heldout_model=[Uarch(b) for b in self.heldout_models])
+
+
+# ---------------------------------------------------------------------------------
+# Data.
+
+
+@dataclasses.dataclass
+class Data:
+  """Blocks, their parts and the label matrix over every uarch of the experiment."""
+
+  blocks: list[Block]
+  part: np.ndarray  # [N] 0 train, 1 val, 2 test, 3 held-out application
+  uarchs: list[Uarch]
+  role: list[str]  # per uarch: train, heldout_sampled, heldout_model
+  y: np.ndarray  # [U, N] cycles per 100 iterations (NaN: no label)
+  per_opcode: np.ndarray  # [U, V, F] encoder inputs
+  glob: np.ndarray  # [U, G]
+
+
+def _draw(n: int, k: int, seed: int) -> np.ndarray:
+  return np.sort(np.random.default_rng(seed).permutation(n)[:k])
+
+
+def build_data(hexes: Sequence[str], apps: Sequence[str] | None, exp: Experiment,
+               cache_dir: Path, *, progress: bool = True, log=print) -> Data:
+  """Decodes, filters and draws the blocks, then labels them on every uarch."""
+  roles = exp.uarchs()
+  bases = sorted({u.base for us in roles.values() for u in us})
+  tables = [load_table(b) for b in bases]
+  t0 = time.time()
+  decoded = decode_blocks(list(hexes), progress=progress)
+  ok = runnable(decoded, tables, exp.max_len)
+  app = np.array([bool(exp.heldout_app) and exp.heldout_app in (a or "").split(";")
+                  for a in (apps or [""] * len(hexes))])
+  main = _draw(int(np.sum(ok & ~app)), exp.blocks, exp.seed)
+  main = np.flatnonzero(ok & ~app)[main]
+  held = np.flatnonzero(ok & app)[_draw(int(np.sum(ok & app)), exp.app_blocks, exp.seed)]
+  idx = np.concatenate([main, held])
+  blocks = [decoded[i] for i in idx]
+  part = np.concatenate([split_ids([b.hex for b in blocks[:len(main)]], seed=exp.seed),
+                         np.full(len(held), 3, np.int8)])
+  log(f"{len(hexes)} blocks read, {int(ok.sum())} runnable on {', '.join(bases)} with at "
+      f"most {exp.max_len} instructions; drew {len(main)} (+{len(held)} of "
+      f"{exp.heldout_app or 'no held-out application'}) in {time.time() - t0:.1f} s")
+  # One sweep per base table (its samples share its layout), whatever their roles.
+  uarchs = [u for us in roles.values() for u in us]
+  role = [r for r, us in roles.items() for _ in us]
+  y = np.full((len(uarchs), len(blocks)), np.nan, np.float32)
+  per = np.zeros((len(uarchs),) + uarch_features(tables[0])[0].shape, np.float32)
+  glob = np.zeros((len(uarchs), uarch_features(tables[0])[1].shape[-1]), np.float32)
+  for base in dict.fromkeys(u.base for u in uarchs):
+    rows = [i for i, u in enumerate(uarchs) if u.base == base]
+    group = [uarchs[i] for i in rows]
+    y[rows] = sweep_labels(blocks, group, cache_dir, iterations=exp.iterations,
+                           progress=progress, log=log)
+    per[rows], glob[rows] = uarch_features(*uarch_params(group))
+  return Data(blocks, part, uarchs, role, y, per, glob)
+
+
+def _sequences(blocks: Sequence[Block], ids: np.ndarray, batch_size: int, seed: int | None):
+  """Minibatches of block positions, each of one sequence bucket (shuffled if seeded)."""
+  by: dict[int, list[int]] = {}
+  for i in ids:
+    by.setdefault(seq_bucket(len(blocks[i].instrs)), []).append(int(i))
+  rng = np.random.default_rng(seed) if seed is not None else None
+  out = []
+  for S, members in sorted(by.items()):
+    members = np.array(members)
+    if rng is not None:
+      members = rng.permutation(members)
+    for s in range(0, len(members), batch_size):
+      out.append((S, members[s:s + batch_size]))
+  if rng is not None:
+    out = [out[i] for i in rng.permutation(len(out))]
+  return out
+
+
+def _pad_to(ids: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Positions padded to the batch size (repeating the first) and the real-row mask."""
+  real = np.zeros(batch_size, bool)
+  real[:len(ids)] = True
+  return np.concatenate([ids, np.repeat(ids[:1], batch_size - len(ids))]), real
+
+
+# ---------------------------------------------------------------------------------
+# Training.
+
+
+def _model(cfg: ModelConfig) -> PerfVec:
+  return PerfVec(cfg)
+
+
+def _init(cfg: ModelConfig, per_opcode, glob, seed: int):
+  S = SEQ_BUCKETS[0]
+  dummy = Sequences(np.zeros((1, S), np.int32), np.zeros((1, S, NUM_FEATURES), np.float32),
+                    np.ones((1, S), bool), np.ones((1, S), bool))
+  return _model(cfg).init(jax.random.key(seed), dummy, per_opcode[:1], glob[:1])
+
+
+def _loss(variables, cfg, seq, y, mask, per_opcode, glob):
+  prog, enc, tab = _model(cfg).apply(variables, seq, per_opcode, glob)
+  # Labels are cycles per 100 iterations; the model speaks cycles per iteration.
+  y = y / 100.0
+  return log_error(predict(prog, tab), y, mask) + log_error(predict(prog, enc), y, mask)
+
+
+def _make_step(cfg: ModelConfig, opt):
+  @jax.jit
+  def step(variables, opt_state, seq, y, mask, per_opcode, glob):
+    loss, grad = jax.value_and_grad(_loss)(variables, cfg, seq, y, mask, per_opcode, glob)
+    updates, opt_state = opt.update(grad, opt_state, variables)
+    return optax.apply_updates(variables, updates), opt_state, loss
+
+  return step
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _embed(variables, seq: Sequences, cfg: ModelConfig):
+  return _model(cfg).apply(variables, seq, method=PerfVec.embed)
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _encode_uarch(variables, per_opcode, glob, cfg: ModelConfig):
+  return _model(cfg).apply(variables, per_opcode, glob, method=PerfVec.encode_uarch)
+
+
+def _program_vectors(variables, cfg: ModelConfig, blocks: Sequence[Block],
+                     batch_size: int = 256) -> np.ndarray:
+  """[N, dim] program vectors, computed bucket by bucket."""
+  out = np.zeros((len(blocks), cfg.dim), np.float32)
+  for S, ids in _sequences(blocks, np.arange(len(blocks)), batch_size, None):
+    padded, real = _pad_to(ids, batch_size)
+    seq = encode_sequences([blocks[i] for i in padded], S)
+    out[ids] = np.asarray(_embed(variables, seq, cfg))[real]
+  return out
+
+
+def _uarch_vectors(variables, cfg: ModelConfig, per_opcode, glob) -> np.ndarray:
+  return np.asarray(_encode_uarch(variables, per_opcode, glob, cfg))
+
+
+def train(data: Data, exp: Experiment, out_dir: Path, *, progress: bool = True,
+          log=print) -> tuple[dict, ModelConfig]:
+  """Fits PerfVec on the training uarchs x training blocks; resumable.
+
+  Returns:
+    (the best variables by validation error, the model config).
+  """
+  import orbax.checkpoint as ocp
+
+  from diffsim.fit.learn import _bar, _leaves, _restore_or_init
+
+  out = Path(out_dir).absolute()
+  out.mkdir(parents=True, exist_ok=True)
+  tr_u = np.array([r == "train" for r in data.role])
+  cfg = ModelConfig(dim=exp.dim, layers=exp.layers, train_tables=int(tr_u.sum()))
+  y_tr = data.y[tr_u].T  # [N, T]
+  per, glob = data.per_opcode[tr_u], data.glob[tr_u]
+  train_ids = np.flatnonzero(data.part == 0)
+  val_ids = np.flatnonzero(data.part == 1)
+  n_batches = len(_sequences(data.blocks, train_ids, exp.batch_size, 0))
+  opt = optax.adamw(optax.warmup_cosine_decay_schedule(
+      0.0, exp.lr, max(1, n_batches // 2), max(2, exp.epochs * n_batches), exp.lr * 0.05),
+      weight_decay=1e-4)
+  variables = _init(cfg, per, glob, exp.seed)
+  state = dict(variables=variables, opt=opt.init(variables), best=variables,
+               epoch=jnp.int32(0), best_val=jnp.float32(np.inf), bad=jnp.int32(0))
+  manager = ocp.CheckpointManager(out / "checkpoints",
+                                  options=ocp.CheckpointManagerOptions(max_to_keep=2))
+  state, resumed = _restore_or_init(manager, state)
+  hist_file = out / "history.json"
+  history = json.loads(hist_file.read_text()) if resumed and hist_file.exists() else []
+  if resumed:
+    log(f"resumed from {out / 'checkpoints'} after epoch {int(state['epoch'])}")
+  step = _make_step(cfg, opt)
+  log(f"training PerfVec (dim {cfg.dim}, {cfg.layers} LSTM layers) on {len(train_ids)} blocks "
+      f"x {cfg.train_tables} uarchs; validating on {len(val_ids)} blocks")
+  for epoch in range(int(state["epoch"]), exp.epochs):
+    t0 = time.time()
+    batches = _sequences(data.blocks, train_ids, exp.batch_size, exp.seed * 1000 + epoch)
+    bar = _bar(batches, f"epoch {epoch + 1}/{exp.epochs}", progress)
+    v, o, losses = state["variables"], state["opt"], []
+    for S, ids in bar:
+      padded, real = _pad_to(ids, exp.batch_size)
+      seq = encode_sequences([data.blocks[i] for i in padded], S)
+      y = y_tr[padded]
+      mask = real[:, None] & np.isfinite(y) & (y > 0)
+      v, o, loss = step(v, o, seq, np.nan_to_num(y, nan=1.0), mask, per, glob)
+      losses.append(float(loss))
+      bar.set_postfix(loss=f"{losses[-1]:.4f}")
+    bar.close()
+    vecs = _program_vectors(v, cfg, [data.blocks[i] for i in val_ids])
+    tab = np.asarray(v["params"]["uarch_table"])
+    val = metrics.mape(np.asarray(predict(vecs, tab)).T * 100.0, data.y[tr_u][:, val_ids])
+    seconds = time.time() - t0
+    better = val < float(state["best_val"])
+    state = dict(variables=v, opt=o, best=v if better else state["best"],
+                 epoch=jnp.int32(epoch + 1),
+                 best_val=jnp.float32(val if better else state["best_val"]),
+                 bad=jnp.int32(0 if better else int(state["bad"]) + 1))
+    history.append(dict(epoch=epoch + 1, train=float(np.mean(losses)), val_mape=float(val),
+                        seconds=seconds, blocks_per_s=len(train_ids) / seconds))
+    log(f"epoch {epoch + 1}: train loss {np.mean(losses):.4f}, validation MAPE "
+        f"{100 * val:.2f}% ({seconds:.0f} s, {len(train_ids) / seconds:.0f} blocks/s)")
+    manager.save(epoch + 1, args=ocp.args.StandardSave(_leaves(state)))
+    manager.wait_until_finished()
+    hist_file.write_text(json.dumps(history, indent=1))
+    if int(state["bad"]) >= exp.patience:
+      log(f"stopping: no better validation error for {exp.patience} epochs")
+      break
+  manager.close()
+  return state["best"], cfg

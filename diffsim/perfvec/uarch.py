@@ -1,0 +1,64 @@
+"""What the microarchitecture encoder sees of a parameter table, whatever its layout.
+
+Tables of different CPUs name different units and groups (haswell's HWPort0156 has no
+Zen 3 counterpart), so the encoder reads each table through a layout-free summary:
+- per vocabulary opcode (`features.vocabulary`): latency (the largest over write
+  roles), micro-ops, reciprocal throughput (the busiest resource's cycles divided by
+  its unit count), the largest read-advance, and whether the table has the opcode;
+- globals: dispatch and retire widths, reorder buffer, load and store queues, total
+  scheduler entries, physical registers, units.
+Sizes enter as log1p, so that a table twice as wide moves every input by the same step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diffsim.params.table import Params, Table
+from diffsim.perfvec.features import opcode_id, vocabulary
+
+PER_OPCODE = ("latency", "uops", "recip_throughput", "read_advance", "present")
+GLOBALS = ("dispatch_width", "retire_width", "rob_size", "load_queue", "store_queue",
+           "scheduler_entries", "registers", "units")
+
+
+def _units_per_resource(table: Table) -> np.ndarray:
+  """[R] units behind each resource column: 1 for a unit, the member count for a group."""
+  lay = table.layout
+  return np.array([1] * len(lay.units) + [bin(m).count("1") for m in lay.group_members],
+                  np.float32)
+
+
+def uarch_features(table: Table, params: Params | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """The encoder's inputs for `table`, or for `params` of its layout stacked on
+  leading axes (a sweep's sampled tables).
+
+  Returns:
+    (per_opcode [..., V, len(PER_OPCODE)], globals [..., len(GLOBALS)]) float32.
+  """
+  p = table.params if params is None else params
+  lead = np.shape(p.dispatch_width)
+  V = len(vocabulary())
+  rows = np.full(V, -1)
+  supported = np.asarray(table.structure.supported)
+  for k, key in enumerate(table.layout.keys):
+    v = opcode_id(key)
+    if v and supported[k] and (rows[v] < 0 or key == vocabulary()[v]):
+      rows[v] = k
+  have = rows >= 0
+  take = lambda x: np.asarray(x, np.float32)[..., np.maximum(rows, 0), :]  # noqa: E731
+  lat = take(p.latency).max(-1)
+  uops = np.asarray(p.uops, np.float32)[..., np.maximum(rows, 0)]
+  recip = (take(p.res_cycles) / _units_per_resource(table)).max(-1)
+  ra = take(p.read_advance).max(-1)
+  per = np.stack([np.log1p(np.maximum(lat, 0)), np.log1p(uops), np.log1p(recip),
+                  ra / 8.0, np.ones_like(lat)], -1)
+  per = np.where(have[:, None], per, 0.0)
+
+  sum_last = lambda x: np.asarray(x, np.float32).reshape(lead + (-1,)).sum(-1)  # noqa: E731
+  glob = np.stack(np.broadcast_arrays(
+    np.asarray(p.dispatch_width, np.float32), np.asarray(p.retire_width, np.float32),
+    np.asarray(p.rob_size, np.float32), np.asarray(p.load_queue, np.float32),
+    np.asarray(p.store_queue, np.float32), sum_last(p.buffer_size), sum_last(p.prf_size),
+    np.full(lead, len(table.layout.units), np.float32)), -1)
+  return per.astype(np.float32), np.log1p(glob).astype(np.float32)

@@ -1,0 +1,85 @@
+"""`diffsim perfvec` end to end on a few shipped blocks: train, resume, embed, predict.
+
+A tiny model (width 16, two epochs) on blocks of at most 8 instructions and three
+uarchs, so the simulator compiles one bucket; the point is the plumbing and its
+contracts, not accuracy (that is benchmarks/perfvec_eval.py's job).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from diffsim.cli import main
+from diffsim.perfvec import load
+
+pytestmark = pytest.mark.usefixtures("llvm14")
+
+TRAIN = ["--shipped", "mca-small", "--limit", "150", "--train-tables", "haswell",
+         "--heldout-models", "", "--samples", "2", "--heldout-samples", "1", "--blocks", "40",
+         "--max-len", "8", "--dim", "16", "--epochs", "2", "--batch-size", "16"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+  out = tmp_path_factory.mktemp("perfvec")
+  assert main(["perfvec", "train", *TRAIN, "--out", str(out)]) == 0
+  return out
+
+
+def test_train_writes_model_report_and_labels(model_dir):
+  meta = json.loads((model_dir / "model.json").read_text())
+  assert meta["train_uarchs"] == ["haswell", "haswell~0.0", "haswell~0.1"]
+  report = json.loads((model_dir / "report.json").read_text())
+  whats = [r["what"] for r in report]
+  assert "held-out sampled tables x unseen blocks" in whats
+  assert all(0 <= r["mape"] < 10 and r["n"] > 0 for r in report)
+  labels = list((model_dir / "labels").glob("labels-*.npy"))
+  y = np.load(labels[0])
+  assert y.shape[0] == 4 and np.isfinite(y).all() and (y > 0).all()
+  assert len(json.loads((model_dir / "history.json").read_text())) == 2
+
+
+def test_rerun_resumes_from_checkpoint_and_label_cache(model_dir, capsys):
+  assert main(["perfvec", "train", *TRAIN, "--out", str(model_dir)]) == 0
+  err = capsys.readouterr().err
+  assert "resumed from" in err and "labelled" not in err
+
+
+def test_embed_one_vector_per_row_nan_for_bad_rows(model_dir, tmp_path):
+  src = tmp_path / "in.csv"
+  src.write_text("hex\n4883c001\nzz11\n4801d8480fafc3\n")
+  out = tmp_path / "v.npy"
+  assert main(["perfvec", "embed", str(src), "--model", str(model_dir), "-o", str(out)]) == 0
+  v = np.load(out)
+  assert v.shape == (3, 16)
+  assert np.isfinite(v[[0, 2]]).all() and np.isnan(v[1]).all()
+  direct = load(model_dir).embed([__import__("diffsim").decode_block("4883c001")])
+  np.testing.assert_allclose(v[0], direct[0], rtol=1e-5, atol=1e-6)
+
+
+def test_predict_columns_errors_and_uarch_kinds(model_dir, tmp_path):
+  src = tmp_path / "in.csv"
+  src.write_text("4883c001\nabc\n4801d8480fafc3\n")
+  for uarch in ("haswell~0.1", "skylake", "haswell~0.7"):
+    out = tmp_path / f"{uarch}.csv"
+    assert main(["perfvec", "predict", str(src), "--model", str(model_dir), "--uarch", uarch,
+                 "-o", str(out)]) == 0
+    rows = list(csv.reader(out.open()))
+    assert rows[0] == ["hex", "prediction", "error"] and len(rows) == 4
+    assert float(rows[1][1]) > 0 and float(rows[3][1]) > 0 and rows[1][2] == ""
+    assert rows[2][1] == "" and "odd" in rows[2][2]
+
+
+def test_bad_model_and_uarch_are_named(model_dir, tmp_path, capsys):
+  src = tmp_path / "in.csv"
+  src.write_text("4883c001\n")
+  assert main(["perfvec", "predict", str(src), "--model", str(tmp_path), "--uarch",
+               "haswell"]) == 2
+  assert "no trained PerfVec model" in capsys.readouterr().err
+  assert main(["perfvec", "predict", str(src), "--model", str(model_dir), "--uarch",
+               "no-such-cpu"]) == 2
+  assert "--uarch no-such-cpu" in capsys.readouterr().err

@@ -1,0 +1,63 @@
+"""The model's maths: gradients against finite differences, and the uarch-vector fit."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.test_util import check_grads
+
+from diffsim.isa import parse_asm
+from diffsim.params.table import load_table
+from diffsim.perfvec.evaluate import Trained, fit_uarch
+from diffsim.perfvec.features import encode_sequences
+from diffsim.perfvec.model import ModelConfig, PerfVec, log_error, predict
+from diffsim.perfvec.uarch import uarch_features
+
+
+def _model():
+  cfg = ModelConfig(dim=16, layers=2, embed=8, train_tables=2)
+  blocks = [parse_asm("addq $1, %rax\nimulq %rax, %rbx"), parse_asm("movq (%rdi), %rdi")]
+  seq = encode_sequences(blocks, 16)
+  per, glob = uarch_features(load_table("haswell"))
+  per, glob = per[None], glob[None]
+  variables = PerfVec(cfg).init(jax.random.key(0), seq, per, glob)
+  return cfg, seq, per, glob, variables
+
+
+def test_gradients_match_finite_differences():
+  cfg, seq, per, glob, variables = _model()
+  y = jnp.array([[2.0, 3.0], [1.5, 4.0]])
+  mask = jnp.array([[True, True], [True, False]])
+
+  def loss(uarch_table, instr_kernel):
+    v = jax.tree.map(lambda x: x, variables)
+    v["params"]["uarch_table"] = uarch_table
+    v["params"]["program"]["instruction"]["kernel"] = instr_kernel
+    prog, _, tab = PerfVec(cfg).apply(v, seq, per, glob)
+    return log_error(predict(prog, tab), y, mask)
+
+  with jax.enable_x64():
+    args = (jnp.asarray(variables["params"]["uarch_table"], jnp.float64),
+            jnp.asarray(variables["params"]["program"]["instruction"]["kernel"], jnp.float64))
+    check_grads(loss, args, order=1, modes=("rev",), eps=1e-4, atol=1e-3, rtol=1e-3)
+
+
+def test_program_vector_is_the_sum_over_one_iteration():
+  cfg, seq, per, glob, variables = _model()
+  prog, instr = PerfVec(cfg).apply(variables, seq, method=lambda m, s: m.program(s))
+  np.testing.assert_allclose(prog, instr.sum(1), rtol=1e-6)
+  assert np.all(np.asarray(instr)[~np.asarray(seq.counted)] == 0)
+
+
+def test_fit_uarch_recovers_a_planted_vector():
+  rng = np.random.default_rng(0)
+  programs = rng.normal(size=(64, 16)).astype(np.float32)
+  target = rng.normal(size=16).astype(np.float32)
+  y = np.asarray(predict(programs, target[None]))[:, 0] * 100.0
+  trained = Trained({}, ModelConfig(dim=16), [], {})
+  start = np.zeros(16, np.float32) + 0.01
+  u = fit_uarch(trained, programs, y, start, steps=800, lr=0.05, prior=0.0)
+  before = np.mean(np.abs(trained.predict(programs, start) - y) / y)
+  after = np.mean(np.abs(trained.predict(programs, u) - y) / y)
+  assert after < 0.05 < before
