@@ -34,7 +34,7 @@ from diffsim.fit import FitConfig, fit
 from diffsim.isa import decode_blocks
 from diffsim.params.table import Table, load_table
 from diffsim.perfvec import Experiment, build_data, evaluate, load, save, train
-from diffsim.perfvec.evaluate import fit_uarch
+from diffsim.perfvec.reuse import fit_uarch
 
 
 def corpus(limit: int, seed: int) -> tuple[list[str], list[str], str]:

@@ -3,17 +3,29 @@ predicts a block's throughput, trained on the simulator's sweeps.
 
 `build_data` labels blocks x parameter tables with `simulate_sweep`; `train` fits the
 flax model; `evaluate`, `load`, `save` and `Trained` use it; `fit_uarch` fits only a
-new CPU's vector with the program encoder frozen (the foundation-model use).
+new CPU's vector with the program encoder frozen (the foundation-model use). Names load
+on first use, so that `diffsim --help` does not import JAX for this subcommand.
 """
 
-from diffsim.perfvec.evaluate import Trained as Trained
-from diffsim.perfvec.evaluate import evaluate as evaluate
-from diffsim.perfvec.evaluate import fit_uarch as fit_uarch
-from diffsim.perfvec.evaluate import load as load
-from diffsim.perfvec.evaluate import save as save
-from diffsim.perfvec.train import Experiment as Experiment
-from diffsim.perfvec.train import build_data as build_data
-from diffsim.perfvec.train import train as train
+from __future__ import annotations
 
-__all__ = ["Experiment", "Trained", "build_data", "evaluate", "fit_uarch", "load", "save",
-           "train"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+  "Experiment": "diffsim.perfvec.learn",
+  "build_data": "diffsim.perfvec.learn",
+  "train": "diffsim.perfvec.learn",
+  "Trained": "diffsim.perfvec.reuse",
+  "evaluate": "diffsim.perfvec.reuse",
+  "fit_uarch": "diffsim.perfvec.reuse",
+  "load": "diffsim.perfvec.reuse",
+  "save": "diffsim.perfvec.reuse",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+  raise AttributeError(f"module 'diffsim.perfvec' has no attribute {name!r}")

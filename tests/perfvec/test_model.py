@@ -9,7 +9,7 @@ from jax.test_util import check_grads
 
 from diffsim.isa import parse_asm
 from diffsim.params.table import load_table
-from diffsim.perfvec.evaluate import Trained, fit_uarch
+from diffsim.perfvec.reuse import Trained, fit_uarch
 from diffsim.perfvec.features import encode_sequences
 from diffsim.perfvec.model import ModelConfig, PerfVec, log_error, predict
 from diffsim.perfvec.uarch import uarch_features

@@ -19,7 +19,7 @@ from diffsim.params.table import load_table
 from diffsim.perfvec.data import Uarch, uarch_params
 from diffsim.perfvec.features import vocabulary
 from diffsim.perfvec.model import ModelConfig, predict
-from diffsim.perfvec.train import Data, Experiment, _init, _program_vectors, _uarch_vectors
+from diffsim.perfvec.learn import Data, Experiment, _init, _program_vectors, _uarch_vectors
 from diffsim.perfvec.uarch import uarch_features
 
 
