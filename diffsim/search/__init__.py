@@ -1,0 +1,10 @@
+"""Hardware-prior search (Glimpse's job) over x86-64 kernel code-generation knobs.
+
+- `space`: the tasks (GEMM micro-kernel, dot reduction, AXPY stream) and their knobs.
+- `codegen`: a configuration to AT&T assembly and to the decoder's Block.
+- `evaluate`: cost = simulated steady cycles per flop; exhaustive enumeration.
+- `blueprint`: a CPU's specification embedded from its parameter table.
+- `glimpse`: blueprint priors, meta-trained neural acquisition, validity ensemble.
+- `baselines`: random search, AutoTVM-style (gradient boosting + annealing), plain BO.
+- `cli`: `diffsim search TASK --target CPU --budget N`.
+"""

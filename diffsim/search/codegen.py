@@ -1,0 +1,203 @@
+"""Lowering: a configuration of a task to AT&T assembly, and to the decoder's Block.
+
+The kernels are what a BLIS-style library or an autotuner emits for the loop body:
+- gemm: per k step, `mr` vectors of the packed A panel and `nr` broadcast values of
+  the packed B panel feed `mr x nr` FMAs into register accumulators; `acc_sets > 1`
+  alternates k steps between independent accumulator copies (shorter FMA chains).
+- dot: `unroll` vector FMAs into `accumulators` independent accumulators.
+- axpy: `unroll` vectors of y[i] += a * x[i] (load, FMA, store).
+SSE has no FMA, so each FMA becomes `movaps` (a copy where the multiply would clobber
+a live value), `mulps` and `addps`. Pointers are %rsi (A or x), %rdx (B or y), the trip
+counter %rcx; the closing branch is left out, as BHive blocks do. All operands are
+float32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import re
+import subprocess
+from collections.abc import Sequence
+
+from diffsim.isa import decode_blocks, parse_asm
+from diffsim.isa.decode import LLVM_MC
+from diffsim.search.space import ISAS, Config, Task
+
+
+def _reg(isa: str, n: int) -> str:
+  return {"sse": "%xmm", "avx2": "%ymm", "avx512": "%zmm"}[isa] + str(n)
+
+
+def _mem(offset_floats: int, base: str) -> str:
+  off = 4 * offset_floats
+  return f"{off}({base})" if off else f"({base})"
+
+
+def _load(isa: str, mem: str, dst: str) -> str:
+  return f"movups {mem}, {dst}" if isa == "sse" else f"vmovups {mem}, {dst}"
+
+
+def _store(isa: str, src: str, mem: str) -> str:
+  return f"movups {src}, {mem}" if isa == "sse" else f"vmovups {src}, {mem}"
+
+
+def _broadcast(isa: str, mem: str, dst: str) -> list[str]:
+  if isa == "sse":  # SSE has no broadcast from memory: load a scalar, then splat it
+    return [f"movss {mem}, {dst}", f"shufps $0, {dst}, {dst}"]
+  return [f"vbroadcastss {mem}, {dst}"]
+
+
+def _fma(isa: str, a: str, b: str, acc: str, tmp: str | None) -> list[str]:
+  """acc += a * b; `a` may be a memory operand. SSE clobbers `tmp`."""
+  if isa == "sse":
+    return [f"movaps {b}, {tmp}", f"mulps {a}, {tmp}", f"addps {tmp}, {acc}"]
+  return [f"vfmadd231ps {a}, {b}, {acc}"]
+
+
+def _gemm(c: dict) -> list[str]:
+  isa, mr, nr = c["isa"], c["mr"], c["nr"]
+  lanes = ISAS[isa][1]
+  acc = lambda s, i, j: _reg(isa, s * mr * nr + i * nr + j)  # noqa: E731
+  nxt = mr * nr * c["acc_sets"]
+  a_regs = [_reg(isa, nxt + i) for i in range(mr)] if c["form"] == "broadcast" else []
+  nxt += len(a_regs)
+  grouped = c["order"] == "grouped"
+  b_regs = [_reg(isa, nxt + j) for j in range(nr if grouped else 1)]
+  nxt += len(b_regs)
+  tmp = _reg(isa, nxt) if isa == "sse" else None
+  out: list[str] = []
+  for k in range(c["k_unroll"]):
+    s = k % c["acc_sets"]
+    a_at = lambda i: _mem((k * mr + i) * lanes, "%rsi")  # noqa: E731
+    b_at = lambda j: _mem(k * nr + j, "%rdx")  # noqa: E731
+    a_src = a_regs if a_regs else [a_at(i) for i in range(mr)]
+    out += [_load(isa, a_at(i), a_regs[i]) for i in range(len(a_regs))]
+    if grouped:
+      for j in range(nr):
+        out += _broadcast(isa, b_at(j), b_regs[j])
+      for j in range(nr):
+        for i in range(mr):
+          out += _fma(isa, a_src[i], b_regs[j], acc(s, i, j), tmp)
+    else:
+      for j in range(nr):
+        out += _broadcast(isa, b_at(j), b_regs[0])
+        for i in range(mr):
+          out += _fma(isa, a_src[i], b_regs[0], acc(s, i, j), tmp)
+  out += [f"addq ${4 * c['k_unroll'] * mr * lanes}, %rsi",
+          f"addq ${4 * c['k_unroll'] * nr}, %rdx", "subq $1, %rcx"]
+  return out
+
+
+def _dot(c: dict) -> list[str]:
+  isa, u, n_acc = c["isa"], c["unroll"], c["accumulators"]
+  lanes = ISAS[isa][1]
+  accs = [_reg(isa, i) for i in range(n_acc)]
+  grouped = c["order"] == "grouped"
+  slots = u if grouped else 1
+  xs = [_reg(isa, n_acc + i) for i in range(slots)]
+  ys = [_reg(isa, n_acc + slots + i) for i in range(slots)] if c["form"] == "load" else []
+  loads, maths = [], []
+  for v in range(u):
+    x, x_at, y_at = xs[v % slots], _mem(v * lanes, "%rsi"), _mem(v * lanes, "%rdx")
+    ld = [_load(isa, x_at, x)]
+    if ys:
+      ld.append(_load(isa, y_at, ys[v % slots]))
+    y = ys[v % slots] if ys else y_at
+    if isa == "sse":  # x is a scratch copy already: multiply in place, then accumulate
+      math = [f"mulps {y}, {x}", f"addps {x}, {accs[v % n_acc]}"]
+    else:
+      math = [f"vfmadd231ps {y}, {x}, {accs[v % n_acc]}"]
+    if grouped:
+      loads += ld
+      maths += math
+    else:
+      maths += ld + math
+  step = 4 * u * lanes
+  return loads + maths + [f"addq ${step}, %rsi", f"addq ${step}, %rdx", "subq $1, %rcx"]
+
+
+def _axpy(c: dict) -> list[str]:
+  isa, u = c["isa"], c["unroll"]
+  lanes = ISAS[isa][1]
+  a = _reg(isa, 0)  # the broadcast scalar, set before the loop
+  grouped = c["order"] == "grouped"
+  slots = u if grouped else 1
+  ys = [_reg(isa, 1 + i) for i in range(slots)]
+  xs = [_reg(isa, 1 + slots + i) for i in range(slots)] if c["form"] == "load" else []
+  loads, maths, stores = [], [], []
+  for v in range(u):
+    y, x_at, y_at = ys[v % slots], _mem(v * lanes, "%rsi"), _mem(v * lanes, "%rdx")
+    if isa == "sse":
+      if xs:  # x loaded, scaled in place, y added from memory
+        ld = [_load(isa, x_at, xs[v % slots])]
+        math = [f"mulps {a}, {xs[v % slots]}", f"addps {y_at}, {xs[v % slots]}"]
+        st = [_store(isa, xs[v % slots], y_at)]
+      else:  # a copied, multiplied by x from memory, y added from memory
+        ld = [f"movaps {a}, {y}"]
+        math = [f"mulps {x_at}, {y}", f"addps {y_at}, {y}"]
+        st = [_store(isa, y, y_at)]
+    else:
+      ld = [_load(isa, y_at, y)]
+      if xs:
+        ld.append(_load(isa, x_at, xs[v % slots]))
+      math = [f"vfmadd231ps {xs[v % slots] if xs else x_at}, {a}, {y}"]
+      st = [_store(isa, y, y_at)]
+    if grouped:
+      loads += ld
+      maths += math
+      stores += st
+    else:
+      maths += ld + math + st
+  step = 4 * u * lanes
+  return loads + maths + stores + [f"addq ${step}, %rsi", f"addq ${step}, %rdx",
+                                   "subq $1, %rcx"]
+
+
+_LOWER = {"gemm": _gemm, "dot": _dot, "axpy": _axpy}
+
+
+def assembly(task: Task, config: Config) -> str:
+  """The loop body of `config` as AT&T assembly, one instruction per line.
+
+  Raises:
+    ValueError: the configuration is invalid for every target (`Task.static_error`).
+  """
+  err = task.static_error(config)
+  if err:
+    raise ValueError(f"{task.name} {task.as_dict(config)}: {err}")
+  return "\n".join(_LOWER[task.name](task.as_dict(config))) + "\n"
+
+
+@functools.lru_cache(maxsize=None)
+def lower(task: Task, config: Config):
+  """The decoded Block of `config` (cached: the decoder runs llvm-mc once per config)."""
+  return parse_asm(assembly(task, config))
+
+
+_ENCODING = re.compile(r"encoding: \[([^\]]*)\]")
+
+
+def lower_many(task: Task, configs: Sequence[Config]) -> list:
+  """Blocks of many configurations, with one llvm-mc run and one batched decode.
+
+  The same bytes and Blocks as `lower` (which assembles each text separately), but
+  fast enough to lower a whole space: every instruction is assembled in one pass, the
+  bytes are regrouped per configuration, and `decode_blocks` decodes them together.
+  A configuration that fails gets its DecodeError in place of a Block.
+  """
+  texts = [assembly(task, c).splitlines() for c in configs]
+  res = subprocess.run([LLVM_MC, "-triple=x86_64", "-show-encoding"],
+                       input="\n".join(line for t in texts for line in t) + "\n",
+                       capture_output=True, text=True, check=False)
+  if "error:" in res.stderr:
+    raise RuntimeError(f"llvm-mc rejected generated assembly: {res.stderr[:500]}")
+  encodings = [bytes(int(x, 16) for x in m.group(1).split(","))
+               for m in _ENCODING.finditer(res.stdout)]
+  if len(encodings) != sum(len(t) for t in texts):
+    raise RuntimeError("llvm-mc printed a different number of encodings than lines")
+  hexes, at = [], 0
+  for t in texts:
+    hexes.append(b"".join(encodings[at:at + len(t)]).hex())
+    at += len(t)
+  return decode_blocks(hexes)
