@@ -49,6 +49,12 @@
 #define CANARY_REPEAT 15
 #define MAX_ROUNDS 1024
 #define STACK_SIZE (1UL << 20)
+// Fixed addresses for the code (after its control page) and the block's stack. With
+// addresses chosen by the kernel, each runner process (each run) lays the code out
+// elsewhere, and blocks whose speed depends on how the CPU's predictors hash
+// instruction addresses (loads past stores, mostly) changed speed from run to run.
+#define CODE_BASE 0x500000000000ULL
+#define STACK_BASE 0x510000000000ULL
 #define TIMEOUT_S 10
 
 enum { SN_CHAIN_A, SN_CHAIN_B, SN_CANARY_A, SN_CANARY_B, SN_BLOCK_A, SN_BLOCK_B, N_SNIPPETS };
@@ -363,10 +369,10 @@ static void measure(const uint8_t *block, size_t len, int a, int b, int rounds, 
 
   // One mapping: the control page, then the code, so the code reaches its loop
   // counter rip-relative.
-  uint8_t *mem = mmap(NULL, PAGE + total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                      -1, 0);
-  uint8_t *stack = mmap(NULL, STACK_SIZE, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  uint8_t *mem = mmap((void *)CODE_BASE, PAGE + total, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  uint8_t *stack = mmap((void *)STACK_BASE, STACK_SIZE, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE | MAP_FIXED_NOREPLACE, -1, 0);
   if (mem == MAP_FAILED || stack == MAP_FAILED)
     reject("runner", "out of memory (%zu bytes of code)", total);
   g_ctl = (struct control *)mem;
