@@ -60,19 +60,20 @@ def table(rows: list[dict], title: str) -> None:
 
 
 def speed(trained, data, exp: Experiment, mca_cpu: str) -> list[dict]:
-  """Predictions per second: PerfVec (embed + product), the simulator, llvm-mca."""
+  """Predictions per second (after compiling): PerfVec (features, embedding and product),
+  the simulator, llvm-mca."""
   test = [b for b, p in zip(data.blocks, data.part) if p >= 2]
-  trained.embed(test[:64])  # compile
-  t = time.time()
-  progs = trained.embed(test)
+
+  def timed(run):
+    run()  # the first call compiles what the blocks' shapes need
+    t = time.time()
+    out = run()
+    return out, time.time() - t
+
   u = trained.uarch(mca_cpu)
-  trained.predict(progs, u)
-  t_pv = time.time() - t
+  (progs, _), t_pv = timed(lambda: (lambda p: (p, trained.predict(p, u)))(trained.embed(test)))
   sk = load_table(mca_cpu)
-  sim_predict(sk, test[:8], exp.iterations, "steady", False)  # compile the buckets
-  t = time.time()
-  sim = sim_predict(sk, test, exp.iterations, "steady", False)
-  t_sim = time.time() - t
+  sim, t_sim = timed(lambda: sim_predict(sk, test, exp.iterations, "steady", False))
   t = time.time()
   mca = mca_predict(test, mca_cpu, exp.iterations, "steady", False)
   t_mca = time.time() - t
@@ -117,8 +118,10 @@ def zen5(trained, data, exp: Experiment, ks, out: Path, sim_epochs: int) -> list
     if sim_epochs:
       t = time.time()
       train_ds = ds.take(pool[:K])
+      # The CLI's defaults (lr 0.1), with batches small enough for several steps per
+      # epoch; early stopping on the K blocks themselves, since there is nothing else.
       res = fit(z3, train_ds, None, out / f"zen5-fit-K{K}",
-                FitConfig(epochs=sim_epochs, batch_size=min(128, K), lr=0.03), progress=False,
+                FitConfig(epochs=sim_epochs, batch_size=min(32, K)), progress=False,
                 log=lambda *_: None)
       learned = Table(res.params, z3.structure, z3.layout)
       sim = [p for p, _ in sim_predict(learned, [blocks[i] for i in test], 100, "steady", False)]
@@ -129,9 +132,44 @@ def zen5(trained, data, exp: Experiment, ks, out: Path, sim_epochs: int) -> list
   return rows, len(test), str(path)
 
 
+def embed_corpus(trained, limit: int) -> dict:
+  """Embedding throughput over the BHive corpus (decode, features + LSTM, separately)."""
+  from diffsim.perfvec.features import SEQ_BUCKETS, encode_sequences
+
+  shared = shared_data_dir()
+  if shared is None:
+    return {}
+  with open(shared / "bhive" / "blocks.csv") as f:
+    hexes = [r["hex"] for r in csv.DictReader(f)][:limit or None]
+  t = time.time()
+  blocks = [b for b in decode_blocks(hexes) if not isinstance(b, Exception) and b.instrs
+            and 2 * len(b.instrs) <= SEQ_BUCKETS[-1]]
+  t_dec = time.time() - t
+  t = time.time()
+  for s in range(0, len(blocks), 4096):  # features alone (the host part of embedding)
+    for blk in blocks[s:s + 4096]:
+      encode_sequences([blk])
+  t_feat = time.time() - t
+  t = time.time()
+  vecs = trained.embed(blocks)
+  t_emb = time.time() - t
+  r = dict(blocks=len(blocks), of=len(hexes), decode_s=t_dec, features_s=t_feat,
+           embed_s=t_emb, blocks_per_s=len(blocks) / t_emb, finite=bool(np.isfinite(vecs).all()))
+  print(f"\nembedding the corpus: {r['blocks']:,} of {r['of']:,} blocks (<= "
+        f"{SEQ_BUCKETS[-1] // 2} instructions) in {t_emb:.0f} s = {r['blocks_per_s']:,.0f} "
+        f"blocks/s (features and LSTM; features alone {t_feat:.0f} s), after decoding "
+        f"({t_dec:.0f} s)")
+  return r
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--out", default="runs/perfvec")
+  ap.add_argument("--labels", help="label cache folder (default OUT/labels; labels depend "
+                  "only on the blocks, tables and iterations, so runs can share them)")
+  ap.add_argument("--lr", type=float, default=2e-3)
+  ap.add_argument("--batch-size", type=int, default=64)
+  ap.add_argument("--patience", type=int, default=6)
   ap.add_argument("--corpus", type=int, default=12000, help="BHive rows read (seeded sample)")
   ap.add_argument("--blocks", type=int, default=2000)
   ap.add_argument("--samples", type=int, default=32)
@@ -140,23 +178,29 @@ def main() -> None:
   ap.add_argument("--max-len", type=int, default=32)
   ap.add_argument("--dim", type=int, default=256)
   ap.add_argument("--epochs", type=int, default=30)
-  ap.add_argument("--sim-epochs", type=int, default=4,
+  ap.add_argument("--sim-epochs", type=int, default=10,
                   help="epochs of the diffsim fit compared at each K (0: skip it)")
   ap.add_argument("--ks", default="32,128,512")
   ap.add_argument("--quick", action="store_true", help="a toy run (minutes)")
+  ap.add_argument("--embed-corpus", type=int, default=None, metavar="N",
+                  help="only embed the first N corpus blocks (0: all) with the model in --out")
   args = ap.parse_args()
   use_all_cores()
   if args.quick:
     args.corpus, args.blocks, args.samples, args.heldout_samples = 1500, 200, 3, 2
     args.dim, args.epochs, args.max_len, args.ks, args.sim_epochs = 64, 2, 16, "32", 1
+  if args.embed_corpus is not None:
+    embed_corpus(load(args.out), args.embed_corpus)
+    return
   exp = Experiment(samples=args.samples, heldout_samples=args.heldout_samples,
                    max_len=args.max_len, blocks=args.blocks, heldout_app=args.heldout_app,
-                   dim=args.dim, epochs=args.epochs)
+                   dim=args.dim, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+                   patience=args.patience)
   out = Path(args.out)
   hexes, apps, source = corpus(args.corpus, exp.seed)
   print(f"blocks: {source}")
   t = time.time()
-  data = build_data(hexes, apps, exp, out / "labels")
+  data = build_data(hexes, apps, exp, Path(args.labels) if args.labels else out / "labels")
   t_data = time.time() - t
   variables, cfg = train(data, exp, out)
   save(out, variables, cfg, exp, data)
