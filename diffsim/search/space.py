@@ -102,9 +102,10 @@ class Task:
   def features(self) -> np.ndarray:
     """[C, F] float32 features of every configuration for the learned models.
 
-    Numeric knobs enter scaled to [0, 1], label knobs one-hot; then a few quantities a
-    compiler writer would compute from the knobs (log2 lanes, live registers / 32,
-    log2 flops per iteration), shared by every model-based method alike.
+    Every knob enters one-hot, numeric knobs also scaled to [0, 1] (so that models can
+    both interpolate and learn per-value effects such as divisibility); then a few
+    quantities a compiler writer would compute from the knobs (log2 lanes, live
+    registers / 32, log2 flops per iteration). Every model-based method gets the same.
     """
     cols = []
     for j, k in enumerate(self.knobs):
@@ -113,8 +114,7 @@ class Task:
         v = np.asarray(k.values, np.float64)[idx]
         lo, hi = min(k.values), max(k.values)
         cols.append(((v - lo) / max(hi - lo, 1))[:, None])
-      else:
-        cols.append(np.eye(len(k.values))[idx])
+      cols.append(np.eye(len(k.values))[idx])
     derived = np.array([[np.log2(ISAS[self.as_dict(c)["isa"]][1]) / 4.0,
                          self.live_vector_registers(c) / 32.0,
                          np.log2(self.useful_ops(c)) / 12.0] for c in self.configs])

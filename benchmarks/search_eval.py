@@ -1,0 +1,139 @@
+"""Issue 6: evaluations to reach within 2% of the exhaustive optimum, per method.
+
+For each held-out CPU (llvm-mca's skylake, the learned zen5 table, tables sampled
+around both) and each task (gemm, dot, axpy), the true optimum is known by simulating
+every configuration (`diffsim.search.evaluate.enumerate_costs_stack`, cached). Each
+method then searches with the simulator's costs until it evaluates a configuration
+within 2% of that optimum, or exhausts the budget (counted as the budget). Printed per
+(CPU, task, method): mean evaluations over seeds, how many seeds reached the line, and
+the invalid configurations evaluated on the way; then, per task and overall, Glimpse's
+ratio to the best baseline.
+
+Glimpse's models are meta-trained on haswell, znver3 and tables sampled around them,
+and cached; so are the enumerations (`--cache`, default runs/search).
+
+  python benchmarks/search_eval.py                 # the recorded run
+  python benchmarks/search_eval.py --quick         # toy: dot only, 2 CPUs, 2 seeds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--tasks", nargs="*", default=["gemm", "dot", "axpy"])
+  ap.add_argument("--methods", nargs="*", default=["glimpse", "random", "autotvm", "bo"])
+  ap.add_argument("--seeds", type=int, default=3)
+  ap.add_argument("--budget", type=int, default=100)
+  ap.add_argument("--heldout-samples", type=int, default=2,
+                  help="sampled held-out tables per base (skylake, zen5) evaluated")
+  ap.add_argument("--cache", default="runs/search", help="enumerations and models")
+  ap.add_argument("--steps", type=int, default=900, help="meta-training steps per model")
+  ap.add_argument("--quick", action="store_true", help="toy run: dot, 2 CPUs, 2 seeds")
+  ap.add_argument("--json", metavar="FILE", help="also write every trial as JSON")
+  args = ap.parse_args()
+  if args.quick:
+    args.tasks, args.seeds, args.heldout_samples, args.budget = ["dot"], 2, 0, 60
+  cache = Path(args.cache)
+  os.environ.setdefault("DIFFSIM_SEARCH_CACHE", str(cache / "enum"))
+
+  from diffsim.cli import _enable_compile_cache
+
+  _enable_compile_cache()
+  import jax
+
+  from diffsim.search.blueprint import blueprint
+  from diffsim.search.cpus import heldout_groups, training_groups
+  from diffsim.search.evaluate import enumerate_costs_stack
+  from diffsim.search.glimpse import meta_train
+  from diffsim.search.space import get_task
+  from diffsim.search.trials import run_trial
+
+  t_start = time.time()
+  train = training_groups()
+  held = heldout_groups(4)
+  held_names, held_tables, held_groups = [], [], []
+  for g in held:
+    keep = len(g.names) if len(g.names) == 1 else min(args.heldout_samples, len(g.names))
+    if args.quick and len(g.names) > 1:
+      keep = 0
+    for i in range(keep):
+      held_names.append(g.names[i])
+      held_tables.append(g.tables()[i])
+      held_groups.append((g, i))
+  print(f"# machine: {platform.node()} {os.cpu_count()} cores; jax {jax.__version__} "
+        f"{jax.devices()[0].device_kind}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+  print(f"# training CPUs: {sum(len(g.names) for g in train)} "
+        f"({', '.join(g.names[0] + f' +{len(g.names) - 1} sampled' for g in train)})")
+  print(f"# held-out CPUs: {', '.join(held_names)}")
+  print(f"# budget {args.budget}, seeds {args.seeds}, target: within 2% of the optimum\n")
+  results = []
+  summary = {}
+  for task_name in args.tasks:
+    task = get_task(task_name)
+    t0 = time.time()
+    training = []
+    for g in train:
+      for t, c in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task)):
+        training.append((blueprint(t), c.cost))
+    held_costs = {}
+    for g in held:
+      if any(gg is g for gg, _ in held_groups):
+        for i, c in enumerate(enumerate_costs_stack(g.base, g.stacked, task)):
+          held_costs[(id(g), i)] = c
+    t_enum = time.time() - t0
+    t0 = time.time()
+    models = meta_train(task, training, steps=args.steps, cache=cache / "models")
+    t_meta = time.time() - t0
+    print(f"## {task_name}: {task.size} configurations; enumeration {t_enum:.0f} s "
+          f"(cached), meta-training {t_meta:.0f} s (cached when 0)")
+    print(f"{'cpu':<16} {'valid':>5} {'opt c/flop':>10} " + " ".join(
+        f"{m + ' evals (hit) inval':>26}" for m in args.methods))
+    for name, table, (g, i) in zip(held_names, held_tables, held_groups):
+      costs = held_costs[(id(g), i)]
+      bp = blueprint(table)
+      row = f"{name:<16} {int(costs.valid.sum()):>5} {costs.optimum:>10.4f} "
+      for m in args.methods:
+        trials = [run_trial(m, task, costs, budget=args.budget, seed=s, bp=bp, models=models)
+                  for s in range(args.seeds)]
+        ev = float(np.mean([t.evaluations for t in trials]))
+        hit = sum(t.reached for t in trials)
+        inv = float(np.mean([t.invalid for t in trials]))
+        summary.setdefault((task_name, m), []).append(ev)
+        row += f"{ev:>14.1f} ({hit}/{args.seeds}) {inv:>7.1f} "
+        results += [{"task": task_name, "cpu": name, **t.__dict__} for t in trials]
+      print(row, flush=True)
+    print()
+  print("## mean evaluations to within 2% over held-out CPUs (lower is better)")
+  baselines = [m for m in args.methods if m != "glimpse"]
+  ratios = []
+  for task_name in args.tasks:
+    means = {m: float(np.mean(summary[(task_name, m)])) for m in args.methods}
+    line = f"{task_name:<6} " + " ".join(f"{m} {v:.1f}" for m, v in means.items())
+    if "glimpse" in means and baselines:
+      best = min(baselines, key=lambda m: means[m])
+      ratio = means[best] / means["glimpse"]
+      ratios.append(ratio)
+      line += f"  | best baseline {best}: {ratio:.2f}x more evaluations than glimpse"
+    print(line)
+  if ratios:
+    print(f"geometric mean ratio (best baseline / glimpse): "
+          f"{float(np.exp(np.mean(np.log(ratios)))):.2f}x; goal 3x: "
+          f"{'met' if min(ratios) >= 3 else 'not met on every task'}")
+  print(f"# total {time.time() - t_start:.0f} s")
+  if args.json:
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+  main()

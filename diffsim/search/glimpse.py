@@ -1,0 +1,393 @@
+"""Glimpse's three uses of the Blueprint (DAC'22), in JAX and flax, for x86-64 kernels.
+
+1. Priors: `PriorNet` maps a Blueprint to a categorical distribution over each knob,
+   meta-trained so that its marginals match where the near-optimal configurations of
+   each training CPU lie (softmax-weighted by cost).
+2. Acquisition: `AcquisitionNet` scores a candidate from the Blueprint, the candidate's
+   features, its log-prior and a small Gaussian process's posterior over what has been
+   observed so far (mean, deviation, z-score); it is meta-trained across training CPUs
+   to predict whether the candidate beats the best observation, on search states drawn
+   from many simulated episodes (a learned probability of improvement).
+3. Validity: an ensemble of `ValidityNet`s, each trained on a bootstrap of the training
+   CPUs' enumerations, votes on whether a candidate compiles for the target; the search
+   never evaluates a candidate the majority rejects.
+
+The search itself picks, at each step, the unevaluated candidate the acquisition ranks
+first among those the ensemble accepts. Costs enter every model as log(cost / best).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import serialization
+
+from diffsim.search.space import Task
+
+# Log-cost ratios are divided by this before the GP sees them (typical spread of log
+# cost among the promising configurations).
+_R_SCALE = 0.3
+_GP_LENGTH = 1.0
+_GP_NOISE = 1e-3
+MAX_OBS = 64  # observations the GP features use (the most recent valid ones)
+
+
+class _MLP(nn.Module):
+  hidden: int
+  out: int
+  layers: int = 2
+
+  @nn.compact
+  def __call__(self, x):
+    for _ in range(self.layers):
+      x = nn.gelu(nn.Dense(self.hidden)(x))
+    return nn.Dense(self.out)(x)
+
+
+class PriorNet(nn.Module):
+  """Blueprint [D] -> logits over every knob value [sum of knob sizes]."""
+
+  sizes: tuple[int, ...]
+
+  @nn.compact
+  def __call__(self, bp):
+    return _MLP(64, sum(self.sizes))(bp)
+
+
+class ValidityNet(nn.Module):
+  """(Blueprint [D], config features [C, F]) -> logit that each config is valid [C]."""
+
+  @nn.compact
+  def __call__(self, bp, x):
+    bp = jnp.broadcast_to(bp, (x.shape[0], bp.shape[-1]))
+    return _MLP(64, 1)(jnp.concatenate([bp, x], -1))[:, 0]
+
+
+class AcquisitionNet(nn.Module):
+  """(Blueprint, features, log-prior, GP statistics) -> logit of improvement [C].
+
+  A second head predicts the candidate's log(cost / optimum) during meta-training only
+  (an auxiliary task: it makes the shared layers learn a blueprint-conditioned cost
+  model, which the improvement labels alone teach slowly).
+  """
+
+  @nn.compact
+  def __call__(self, bp, x, extra, with_cost: bool = False):
+    bp = jnp.broadcast_to(bp, (x.shape[0], bp.shape[-1]))
+    out = _MLP(128, 2, 3)(jnp.concatenate([bp, x, extra], -1))
+    return (out[:, 0], out[:, 1]) if with_cost else out[:, 0]
+
+
+def log_prior(logits, value_index, sizes):
+  """Log-probability of every configuration under the per-knob priors: [C]."""
+  out, at = 0.0, 0
+  for j, n in enumerate(sizes):
+    logp = jax.nn.log_softmax(logits[at:at + n])
+    out = out + logp[value_index[:, j]]
+    at += n
+  return out
+
+
+def gp_stats(x, obs_x, obs_r, obs_mask):
+  """GP posterior mean and deviation at every configuration.
+
+  Args:
+    x: [C, F] features of all configurations.
+    obs_x: [N, F] observed features (padded), obs_r: [N] scaled log(cost / best),
+    obs_mask: [N] bool, which rows are real.
+
+  Returns:
+    (mean [C], std [C]); with no observation, the prior (0, 1).
+  """
+  def k(a, b):
+    d2 = jnp.sum((a[:, None, :] - b[None, :, :]) ** 2, -1)
+    return jnp.exp(-0.5 * d2 / _GP_LENGTH ** 2)
+
+  m = obs_mask.astype(x.dtype)
+  K = k(obs_x, obs_x) * m[:, None] * m[None, :]
+  K = K + jnp.diag(jnp.where(obs_mask, _GP_NOISE, 1.0))
+  Ks = k(x, obs_x) * m[None, :]
+  chol = jnp.linalg.cholesky(K)
+  alpha = jax.scipy.linalg.cho_solve((chol, True), obs_r * m)
+  mean = Ks @ alpha
+  v = jax.scipy.linalg.solve_triangular(chol, Ks.T, lower=True)
+  var = jnp.maximum(1.0 - jnp.sum(v * v, 0), 1e-6)
+  return mean, jnp.sqrt(var)
+
+
+def acquisition_inputs(x, logprior, obs_x, obs_r, obs_mask, num_knobs):
+  """The acquisition's per-candidate statistics: [C, 5]."""
+  mean, std = gp_stats(x, obs_x, obs_r, obs_mask)
+  n = jnp.sum(obs_mask) / MAX_OBS
+  return jnp.stack([logprior / num_knobs, mean, std, mean / std,
+                    jnp.broadcast_to(n, mean.shape)], -1)
+
+
+@dataclasses.dataclass
+class GlimpseModels:
+  """The meta-trained parameters of one task's three models."""
+
+  task: str
+  prior: dict
+  validity: list  # one parameter tree per ensemble member
+  acquisition: dict
+
+
+# ---------------------------------------------------------------------------------
+# Meta-training.
+
+
+def _fit(loss_fn, params, steps: int, lr: float, key):
+  opt = optax.adamw(lr, weight_decay=1e-4)
+  state = opt.init(params)
+
+  @jax.jit
+  def step(params, state, key):
+    loss, grads = jax.value_and_grad(loss_fn)(params, key)
+    updates, state = opt.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, loss
+
+  for _ in range(steps):
+    key, sub = jax.random.split(key)
+    params, state, loss = step(params, state, sub)
+  return params, float(loss)
+
+
+def _episodes(task: Task, costs: np.ndarray, rng: np.random.Generator, n_episodes: int):
+  """Search states on one training CPU: (obs indices, labels [C]) per episode.
+
+  Observations are drawn among valid configurations with probability falling with
+  cost at a random temperature (states that a good or a poor search could reach);
+  a candidate's label is whether it beats the best observation by more than 0.5%.
+  """
+  valid = np.flatnonzero(np.isfinite(costs))
+  z = np.log(costs[valid] / np.min(costs[valid]))
+  out = []
+  for _ in range(n_episodes):
+    n = int(rng.integers(0, min(MAX_OBS // 2, len(valid) - 1) + 1))
+    temp = rng.choice([0.05, 0.2, 1.0, np.inf])
+    w = np.ones_like(z) if np.isinf(temp) else np.exp(-z / temp)
+    obs = rng.choice(valid, size=n, replace=False, p=w / w.sum()) if n else valid[:0]
+    best = np.min(costs[obs]) if n else np.inf
+    labels = np.isfinite(costs) & (np.nan_to_num(costs, nan=np.inf) < best * 0.995)
+    out.append((obs, labels.astype(np.float32)))
+  return out
+
+
+def models_key(task: Task, training: list[tuple[np.ndarray, np.ndarray]], seed: int) -> str:
+  """A hash of what meta-training sees, for the on-disk cache."""
+  h = hashlib.sha256(f"{task.name}/{task.size}/{seed}/v1".encode())
+  for bp, c in training:
+    h.update(np.asarray(bp, np.float32).tobytes())
+    h.update(np.nan_to_num(np.asarray(c, np.float64), nan=-1).tobytes())
+  return h.hexdigest()[:16]
+
+
+def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, seed: int = 0,
+               ensemble: int = 5, episodes: int = 24, steps: int = 1500,
+               cache: Path | None = None, log=None) -> GlimpseModels:
+  """Meta-trains the three models of `task` over training CPUs.
+
+  Args:
+    task: the task.
+    training: per training CPU, (blueprint [D], costs [C] with nan where invalid).
+    seed: the PRNG seed of initialisation, bootstraps and episodes.
+    ensemble: validity predictors in the ensemble.
+    episodes: simulated search states per training CPU for the acquisition.
+    steps: optimiser steps per model.
+    cache: a directory; the models are stored there under a hash of the inputs and
+      loaded instead of trained when present.
+  """
+  log = log or (lambda msg: None)
+  path = cache / f"glimpse-{task.name}-{models_key(task, training, seed)}.msgpack" if cache else None
+  sizes = tuple(len(k.values) for k in task.knobs)
+  X = jnp.asarray(task.features)
+  VI = jnp.asarray(task.value_index)
+  bps = jnp.asarray(np.stack([bp for bp, _ in training]))
+  costs = np.stack([c for _, c in training])
+  valid = np.isfinite(costs)
+  key = jax.random.PRNGKey(seed)
+  k_prior, k_val, k_acq = jax.random.split(key, 3)
+  prior_net, val_net, acq_net = PriorNet(sizes), ValidityNet(), AcquisitionNet()
+  extra_dim = 5
+  templates = {
+    "prior": prior_net.init(k_prior, bps[0]),
+    "validity": [val_net.init(k, bps[0], X[:2]) for k in jax.random.split(k_val, ensemble)],
+    "acquisition": acq_net.init(k_acq, bps[0], X[:2], jnp.zeros((2, extra_dim))),
+  }
+  if path is not None and path.exists():
+    state = serialization.from_bytes(templates, path.read_bytes())
+    return GlimpseModels(task.name, state["prior"], list(state["validity"]), state["acquisition"])
+
+  # 1. Priors: per-knob marginals of the softmax(-z / 0.05)-weighted valid configurations.
+  z = np.where(valid, np.log(costs / np.nanmin(costs, 1, keepdims=True)), np.inf)
+  w = np.exp(-z / 0.05)
+  w /= w.sum(1, keepdims=True)
+  targets = np.concatenate([np.stack([np.bincount(task.value_index[:, j], weights=w[t],
+                                                  minlength=n) for t in range(len(w))])
+                            for j, n in enumerate(sizes)], 1)
+
+  def prior_loss(params, key):
+    logits = jax.vmap(lambda b: prior_net.apply(params, b))(bps)
+    loss, at = 0.0, 0
+    for n in sizes:
+      loss -= jnp.mean(jnp.sum(targets[:, at:at + n] * jax.nn.log_softmax(logits[:, at:at + n]), 1))
+      at += n
+    return loss
+  prior_params, loss = _fit(prior_loss, templates["prior"], steps // 3, 3e-3, k_prior)
+  log(f"prior: cross-entropy {loss:.3f}")
+
+  # 2. Validity ensemble: each member sees a bootstrap of the training CPUs.
+  rng = np.random.default_rng(seed)
+  members = []
+  labels = jnp.asarray(valid, jnp.float32)
+  for m, init in enumerate(templates["validity"]):
+    pick = jnp.asarray(rng.integers(0, len(training), len(training)))
+
+    def val_loss(params, key, pick=pick):
+      logit = jax.vmap(lambda b: val_net.apply(params, b, X))(bps[pick])
+      return jnp.mean(optax.sigmoid_binary_cross_entropy(logit, labels[pick]))
+    params, loss = _fit(val_loss, init, steps // 2, 3e-3, jax.random.fold_in(k_val, m))
+    members.append(params)
+    log(f"validity member {m}: cross-entropy {loss:.4f}")
+
+  # 3. Acquisition: supervised on simulated search states of every training CPU.
+  lp_all = jax.vmap(lambda b: log_prior(prior_net.apply(prior_params, b), VI, sizes))(bps)
+  rows_bp, rows_extra, rows_lab, rows_z = [], [], [], []
+  inputs = jax.jit(functools.partial(acquisition_inputs, num_knobs=len(sizes)))
+  for t in range(len(training)):
+    logc = np.log(costs[t])
+    for obs, lab in _episodes(task, costs[t], rng, episodes):
+      ox = np.zeros((MAX_OBS, X.shape[1]), np.float32)
+      orr = np.zeros(MAX_OBS, np.float32)
+      om = np.zeros(MAX_OBS, bool)
+      if len(obs):
+        ox[:len(obs)] = task.features[obs]
+        orr[:len(obs)] = (logc[obs] - logc[obs].min()) / _R_SCALE
+        om[:len(obs)] = True
+      extra = inputs(X, lp_all[t], ox, orr, om)
+      keep = np.ones(task.size, bool)
+      keep[obs] = False
+      rows_bp.append(np.full(keep.sum(), t))
+      rows_extra.append(np.concatenate([np.flatnonzero(keep)[:, None],
+                                        np.asarray(extra)[keep]], 1))
+      rows_lab.append(lab[keep])
+      rows_z.append(np.log(costs[t] / np.nanmin(costs[t]))[keep])
+  tid = jnp.asarray(np.concatenate(rows_bp))
+  cfg = jnp.asarray(np.concatenate(rows_extra)[:, 0].astype(np.int32))
+  ext = jnp.asarray(np.concatenate(rows_extra)[:, 1:], jnp.float32)
+  lab = jnp.asarray(np.concatenate(rows_lab))
+  zs = np.concatenate(rows_z)
+  has_z = jnp.asarray(np.isfinite(zs))
+  zs = jnp.asarray(np.nan_to_num(zs, nan=0.0), jnp.float32)
+  pos_weight = float((1 - lab.mean()) / max(float(lab.mean()), 1e-3)) ** 0.5
+  batch = 4096
+
+  def acq_loss(params, key):
+    i = jax.random.randint(key, (batch,), 0, lab.shape[0])
+    logit, zhat = jax.vmap(
+        lambda b, x, e: [o[0] for o in acq_net.apply(params, b, x[None], e[None], True)])(
+        bps[tid[i]], X[cfg[i]], ext[i])
+    weight = jnp.where(lab[i] > 0, pos_weight, 1.0)
+    cost_err = jnp.where(has_z[i], (zhat - zs[i]) ** 2, 0.0)
+    return (jnp.mean(weight * optax.sigmoid_binary_cross_entropy(logit, lab[i]))
+            + jnp.mean(cost_err))
+  acq_params, loss = _fit(acq_loss, templates["acquisition"], steps, 1e-3, k_acq)
+  log(f"acquisition: weighted cross-entropy {loss:.4f} on {lab.shape[0]} search states")
+
+  models = GlimpseModels(task.name, prior_params, members, acq_params)
+  if path is not None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(serialization.to_bytes(
+        {"prior": prior_params, "validity": members, "acquisition": acq_params}))
+  return models
+
+
+# ---------------------------------------------------------------------------------
+# Search.
+
+
+def validity_votes(models: GlimpseModels, task: Task, bp) -> np.ndarray:
+  """[M, C] each ensemble member's probability that each configuration is valid."""
+  X = jnp.asarray(task.features)
+  net = ValidityNet()
+  return np.stack([np.asarray(jax.nn.sigmoid(net.apply(p, jnp.asarray(bp), X)))
+                   for p in models.validity])
+
+
+def prior_log_probs(models: GlimpseModels, task: Task, bp) -> np.ndarray:
+  sizes = tuple(len(k.values) for k in task.knobs)
+  logits = PriorNet(sizes).apply(models.prior, jnp.asarray(bp))
+  return np.asarray(log_prior(logits, jnp.asarray(task.value_index), sizes))
+
+
+@functools.partial(jax.jit, static_argnames=("num_knobs",))
+def _scores(acq_params, bp, X, logprior, obs_x, obs_r, obs_mask, num_knobs):
+  extra = acquisition_inputs(X, logprior, obs_x, obs_r, obs_mask, num_knobs)
+  return AcquisitionNet().apply(acq_params, bp, X, extra)
+
+
+def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseModels,
+                   seed: int = 0, target: float | None = None, on_step=None) -> dict:
+  """Glimpse-style search for `budget` evaluations (or until `target` cost is reached).
+
+  Args:
+    task: the task; bp: the target's Blueprint [D]; objective: `evaluate.Objective`.
+    budget: most evaluations; models: `meta_train`'s result.
+    seed: breaks ties between equally scored candidates (tiny Gumbel noise).
+    target: stop once a cost at or below it is found (the benchmark's 2% line).
+    on_step: called with (step, index, cost, best) after each evaluation.
+
+  Returns:
+    {"best": index or None, "cost": best cost, "rejected": candidates the ensemble
+    rejected without evaluating}.
+  """
+  rng = np.random.default_rng(seed)
+  votes = validity_votes(models, task, bp)
+  accept = (votes > 0.5).mean(0) > 0.5
+  if not accept.any():  # the ensemble rejects everything: fall back to trusting none
+    accept[:] = True
+  logprior = prior_log_probs(models, task, bp)
+  X = jnp.asarray(task.features)
+  bpj = jnp.asarray(bp)
+  noise = rng.gumbel(size=task.size) * 1e-4
+  seen = np.zeros(task.size, bool)
+  obs, obs_cost = [], []
+  best_i, best = None, np.inf
+  for step in range(budget):
+    ox = np.zeros((MAX_OBS, X.shape[1]), np.float32)
+    orr = np.zeros(MAX_OBS, np.float32)
+    om = np.zeros(MAX_OBS, bool)
+    if obs:
+      recent = np.argsort(obs_cost)[:MAX_OBS]  # the best ones inform the GP most
+      ids = np.asarray(obs)[recent]
+      lc = np.log(np.asarray(obs_cost)[recent])
+      ox[:len(ids)] = task.features[ids]
+      orr[:len(ids)] = (lc - lc.min()) / _R_SCALE
+      om[:len(ids)] = True
+    s = np.asarray(_scores(models.acquisition, bpj, X, jnp.asarray(logprior), ox, orr, om,
+                           len(task.knobs))) + noise
+    s[seen | ~accept] = -np.inf
+    if not np.isfinite(s).any():
+      break
+    i = int(np.argmax(s))
+    seen[i] = True
+    c = float(objective([i])[0])
+    if np.isfinite(c):
+      obs.append(i)
+      obs_cost.append(c)
+      if c < best:
+        best_i, best = i, c
+    if on_step:
+      on_step(step, i, c, best)
+    if target is not None and best <= target:
+      break
+  return {"best": best_i, "cost": best, "rejected": int((~accept).sum())}

@@ -1,0 +1,49 @@
+"""One search run against a known optimum: how many evaluations it took to get close.
+
+Shared by `benchmarks/search_eval.py`, the notebook and the tests. A trial looks costs
+up in a precomputed exhaustive enumeration (`evaluate.Costs`), so the same numbers the
+simulator gives cost nothing to evaluate again; it stops as soon as a configuration
+within `tolerance` of the optimum has been evaluated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from diffsim.search.baselines import METHODS
+from diffsim.search.evaluate import Costs, Objective
+from diffsim.search.glimpse import glimpse_search
+from diffsim.search.space import Task
+
+ALL_METHODS = ("glimpse", "random", "autotvm", "bo")
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+  method: str
+  seed: int
+  evaluations: int  # evaluations until within tolerance (the budget if never)
+  reached: bool
+  invalid: int  # invalid configurations evaluated on the way
+  curve: tuple  # best cost / optimum after each evaluation (inf before any valid one)
+
+
+def run_trial(method: str, task: Task, costs: Costs, *, budget: int, seed: int,
+              bp=None, models=None, tolerance: float = 0.02) -> Trial:
+  """Runs `method` on `task` with costs from `costs`; see the module docstring."""
+  objective = Objective(task, costs=costs)
+  target = costs.optimum * (1 + tolerance)
+  if method == "glimpse":
+    glimpse_search(task, bp, objective, budget, models=models, seed=seed, target=target)
+  elif method in METHODS:
+    METHODS[method](task, objective, budget, seed=seed, target=target)
+  else:
+    raise ValueError(f"unknown method {method!r}: choose from {', '.join(ALL_METHODS)}")
+  c = np.array([c for _, c in objective.history[:budget]])
+  best = np.minimum.accumulate(np.where(np.isfinite(c), c, np.inf)) / costs.optimum
+  hit = np.flatnonzero(best <= 1 + tolerance)
+  n = int(hit[0]) + 1 if len(hit) else budget
+  return Trial(method, seed, n, bool(len(hit)), int((~np.isfinite(c[:n])).sum()),
+               tuple(best.tolist()))
