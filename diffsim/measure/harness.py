@@ -208,10 +208,11 @@ class Runner:
   def __init__(self, config: MeasureConfig = MeasureConfig()):
     self.config = config
     exe = runner_path()
-    cpu = config.cpu
-    if cpu is None:
-      cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
-      cpu = cpus[-1]
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    cpu = cpus[-1] if config.cpu is None else config.cpu
+    if cpu not in cpus:
+      raise MeasureError(f"cannot run on core {cpu}: this process may use cores "
+                         f"{', '.join(map(str, cpus))}")
     self.cpu = cpu
     self._proc = subprocess.Popen([str(exe), "--cpu", str(cpu)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, bufsize=1)

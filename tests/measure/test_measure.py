@@ -177,3 +177,10 @@ def test_a_competing_process_on_the_same_core_does_not_bias_the_result():
       hog.wait()
   cycles = sorted(p.cycles for p in passes)
   assert cycles[2] == pytest.approx(3.0, rel=CHAIN_RTOL), cycles
+
+
+def test_cli_names_a_core_it_cannot_use(tmp_path, capsys):
+  src = tmp_path / "in.csv"
+  src.write_text("4883c001\n")
+  assert main(["measure", str(src), "-o", str(tmp_path / "out.csv"), "--cpu", "4096"]) == 2
+  assert "cannot run on core 4096" in capsys.readouterr().err
