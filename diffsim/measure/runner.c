@@ -17,7 +17,9 @@
 // the core clock) and an ALU-throughput canary (it slows down when the core is
 // shared), each unrolled two ways so that the fixed timing overhead cancels in the
 // difference. Every round times each snippet once after an untimed warm run, in
-// interleaved order, so the core clock each sees is the same.
+// interleaved order, so the core clock each sees is the same. Between its two TSC reads
+// a snippet runs `repeat` times, each time behind a fence and from fresh registers:
+// separate runs, as in BHive, summed so that a coarse TSC still resolves them.
 //
 // Usage: runner [--cpu N]   (pins itself and its children to core N)
 
