@@ -1,0 +1,33 @@
+"""`diffsim search` end to end (real simulator) and its errors."""
+
+import pytest
+
+from diffsim.cli import main
+
+
+def test_search_end_to_end_tiny_budget(capsys, tmp_path, monkeypatch):
+  monkeypatch.setenv("DIFFSIM_SEARCH_CACHE", str(tmp_path))
+  rc = main(["search", "axpy", "--target", "haswell", "--budget", "4", "--method", "random",
+             "--seed", "1"])
+  out = capsys.readouterr()
+  if rc == 1:  # four invalid picks: the command says so
+    assert "no valid configuration" in out.out
+    return
+  assert rc == 0, out.err
+  assert "cycles per flop" in out.out and "config: isa=" in out.out
+  assert "vmovups" in out.out or "movups" in out.out
+  assert "4 configurations evaluated" in out.err
+
+
+def test_unknown_task_is_a_clear_error(capsys):
+  with pytest.raises(SystemExit) as e:
+    main(["search", "fft", "--target", "haswell"])
+  assert e.value.code == 2
+  assert "invalid choice: 'fft'" in capsys.readouterr().err
+
+
+def test_bad_target_is_a_clear_error(capsys, tmp_path):
+  assert main(["search", "dot", "--target", str(tmp_path / "none.json")]) == 2
+  assert "--target" in capsys.readouterr().err
+  assert main(["search", "dot", "--target", "pentium"]) == 2
+  assert "unknown CPU table" in capsys.readouterr().err

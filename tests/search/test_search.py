@@ -1,0 +1,86 @@
+"""Search methods on real enumerations (the simulator's own costs)."""
+
+import numpy as np
+import pytest
+
+from diffsim.params.sample import sample_params
+from diffsim.params.table import load_table
+from diffsim.search.blueprint import blueprint
+from diffsim.search.evaluate import Objective, enumerate_costs_stack
+from diffsim.search.glimpse import meta_train, validity_votes
+from diffsim.search.space import TASKS
+from diffsim.search.trials import run_trial
+
+
+@pytest.fixture(scope="module")
+def axpy_haswell(tmp_path_factory):
+  import os
+
+  os.environ["DIFFSIM_SEARCH_CACHE"] = str(tmp_path_factory.mktemp("enum"))
+  base = load_table("haswell")
+  import jax
+
+  stacked = jax.tree.map(lambda x: np.asarray(x)[None], base.params)
+  return enumerate_costs_stack(base, stacked, TASKS["axpy"])[0]
+
+
+def test_enumeration_marks_the_missing_isa(axpy_haswell):
+  task = TASKS["axpy"]
+  for c, cost, err in zip(task.configs, axpy_haswell.cost, axpy_haswell.errors):
+    if c[0] == "avx512" and task.static_error(c) is None:
+      assert np.isnan(cost) and "target lacks it" in err
+    if task.static_error(c) is None and c[0] != "avx512":
+      assert np.isfinite(cost) and cost > 0 and err is None
+
+
+def test_random_search_reaches_the_optimum_with_the_whole_space(axpy_haswell):
+  task = TASKS["axpy"]
+  t = run_trial("random", task, axpy_haswell, budget=task.size, seed=0)
+  assert t.reached and 1 <= t.evaluations <= task.size
+  assert t.curve[t.evaluations - 1] <= 1.02
+  # Waste is counted among the evaluations made before the hit.
+  assert 0 <= t.invalid < t.evaluations
+
+
+@pytest.mark.parametrize("method", ["autotvm", "bo"])
+def test_model_based_baselines_run_and_keep_count(axpy_haswell, method):
+  task = TASKS["axpy"]
+  t = run_trial(method, task, axpy_haswell, budget=12, seed=0)
+  assert 1 <= t.evaluations <= 12 and len(t.curve) <= 12
+  curve = np.array(t.curve)
+  assert (np.diff(curve[np.isfinite(curve)]) <= 0).all()  # best-so-far never worsens
+  assert t.reached == (curve.min() <= 1.02)
+
+
+def test_objective_counts_invalid_evaluations(axpy_haswell):
+  task = TASKS["axpy"]
+  obj = Objective(task, costs=axpy_haswell)
+  bad = [i for i, c in enumerate(axpy_haswell.cost) if np.isnan(c)][:3]
+  good = [i for i, c in enumerate(axpy_haswell.cost) if np.isfinite(c)][:2]
+  obj(bad + good)
+  assert obj.evaluations == 5 and obj.invalid == 3 and set(obj.errors) == set(bad)
+
+
+@pytest.mark.slow
+def test_glimpse_beats_random_on_held_out_sampled_cpus():
+  """Meta-train on 6 tables around haswell, test on 2 others: Glimpse needs no more
+  evaluations than random search on average, and wastes fewer on invalid ones."""
+  task = TASKS["dot"]
+  base = load_table("haswell")
+  stacked = sample_params(base, 8, seed=4)
+  costs = enumerate_costs_stack(base, stacked, task)
+  import jax
+
+  from diffsim.params.sample import table_at
+  bps = [blueprint(table_at(base, stacked, i)) for i in range(8)]
+  models = meta_train(task, [(b, c.cost) for b, c in zip(bps[:6], costs[:6])], steps=600)
+  g, r = [], []
+  for i in (6, 7):
+    votes = validity_votes(models, task, bps[i]).mean(0)
+    assert ((votes > 0.5) == costs[i].valid).mean() > 0.9
+    g += [run_trial("glimpse", task, costs[i], budget=100, seed=s, bp=bps[i], models=models)
+          for s in range(2)]
+    r += [run_trial("random", task, costs[i], budget=100, seed=s) for s in range(2)]
+  assert np.mean([t.evaluations for t in g]) <= np.mean([t.evaluations for t in r])
+  assert np.mean([t.invalid for t in g]) < np.mean([t.invalid for t in r])
+  del jax
