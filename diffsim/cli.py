@@ -45,7 +45,8 @@ _LLVM_TOOLS = ("llvm-mc", "llvm-mca", "llvm-exegesis")
 
 # Subsystems that bring their own subcommands: each module defines
 # `add_subcommand(subparsers)`, which adds its parser and sets `func`.
-SUBSYSTEM_COMMANDS: tuple[str, ...] = ("diffsim.measure.cli", "diffsim.perfvec.cli")
+SUBSYSTEM_COMMANDS: tuple[str, ...] = ("diffsim.measure.cli", "diffsim.perfvec.cli",
+                                       "diffsim.search.cli")
 
 
 class CliError(Exception):
