@@ -11,6 +11,10 @@
   expected improvement over every unvisited configuration; a failed configuration is
   recorded at the worst cost seen so far.
 All take the same (task, objective, budget, seed, target) and stop early at `target`.
+
+`transfer_search` is a control, not a peer: it tries configurations in the order of
+their mean rank on the training CPUs, which is what a prior learned from those CPUs
+could do without reading the target's blueprint at all.
 """
 
 from __future__ import annotations
@@ -142,6 +146,17 @@ def bo_search(task: Task, objective, budget: int, *, seed: int = 0,
       i = int(free[np.argmax(ei)])
     seen[i] = True
     done = _run(objective, [i], target)
+  c, i = _best(objective)
+  return {"best": i, "cost": c}
+
+
+def transfer_search(task: Task, objective, budget: int, *, training_costs: np.ndarray,
+                    seed: int = 0, target: float | None = None) -> dict:
+  """Configurations by mean log cost over the training CPUs [T, C] (invalid last)."""
+  del seed  # deterministic
+  c = np.asarray(training_costs, np.float64)
+  z = np.where(np.isfinite(c), np.log(c / np.nanmin(c, 1, keepdims=True)), 10.0)
+  _run(objective, np.argsort(z.mean(0), kind="stable")[:budget], target)
   c, i = _best(objective)
   return {"best": i, "cost": c}
 

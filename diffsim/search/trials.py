@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 
-from diffsim.search.baselines import METHODS
+from diffsim.search.baselines import METHODS, transfer_search
 from diffsim.search.evaluate import Costs, Objective
 from diffsim.search.glimpse import glimpse_search
 from diffsim.search.space import Task
@@ -31,16 +31,23 @@ class Trial:
 
 
 def run_trial(method: str, task: Task, costs: Costs, *, budget: int, seed: int,
-              bp=None, models=None, tolerance: float = 0.02) -> Trial:
-  """Runs `method` on `task` with costs from `costs`; see the module docstring."""
+              bp=None, models=None, training_costs=None, tolerance: float = 0.02) -> Trial:
+  """Runs `method` on `task` with costs from `costs`; see the module docstring.
+
+  `bp` and `models` serve "glimpse"; `training_costs` [T, C] serves the "transfer"
+  control (`baselines.transfer_search`).
+  """
   objective = Objective(task, costs=costs)
   target = costs.optimum * (1 + tolerance)
   if method == "glimpse":
     glimpse_search(task, bp, objective, budget, models=models, seed=seed, target=target)
+  elif method == "transfer":
+    transfer_search(task, objective, budget, training_costs=training_costs, seed=seed,
+                    target=target)
   elif method in METHODS:
     METHODS[method](task, objective, budget, seed=seed, target=target)
   else:
-    raise ValueError(f"unknown method {method!r}: choose from {', '.join(ALL_METHODS)}")
+    raise ValueError(f"unknown method {method!r}: choose from {', '.join(ALL_METHODS)}, transfer")
   c = np.array([c for _, c in objective.history[:budget]])
   best = np.minimum.accumulate(np.where(np.isfinite(c), c, np.inf)) / costs.optimum
   hit = np.flatnonzero(best <= 1 + tolerance)

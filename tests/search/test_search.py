@@ -84,3 +84,16 @@ def test_glimpse_beats_random_on_held_out_sampled_cpus():
   assert np.mean([t.evaluations for t in g]) <= np.mean([t.evaluations for t in r])
   assert np.mean([t.invalid for t in g]) < np.mean([t.invalid for t in r])
   del jax
+
+
+def test_transfer_control_follows_the_training_ranking(axpy_haswell):
+  task = TASKS["axpy"]
+  # Trained on the target itself, the control's first pick is the optimum.
+  t = run_trial("transfer", task, axpy_haswell, budget=5, seed=0,
+                training_costs=axpy_haswell.cost[None])
+  assert t.reached and t.evaluations == 1 and t.invalid == 0
+  # Trained on a CPU with the opposite ranking, it reaches it last among valid ones.
+  flipped = np.where(np.isfinite(axpy_haswell.cost), 1.0 / axpy_haswell.cost, np.nan)
+  t = run_trial("transfer", task, axpy_haswell, budget=task.size, seed=0,
+                training_costs=flipped[None])
+  assert t.evaluations >= int(axpy_haswell.valid.sum()) - 5
