@@ -97,3 +97,16 @@ def test_transfer_control_follows_the_training_ranking(axpy_haswell):
   t = run_trial("transfer", task, axpy_haswell, budget=task.size, seed=0,
                 training_costs=flipped[None])
   assert t.evaluations >= int(axpy_haswell.valid.sum()) - 5
+
+
+def test_simulating_on_demand_agrees_with_the_enumeration(axpy_haswell):
+  # Objective(table=...) simulates per bucket (the CLI's path); the enumeration runs one
+  # sweep at the longest length. The two must give the same costs and the same failures.
+  task = TASKS["axpy"]
+  rng = np.random.default_rng(0)
+  ids = rng.choice(task.size, 16, replace=False)
+  obj = Objective(task, table=load_table("haswell"))
+  got = obj(ids)
+  want = axpy_haswell.cost[ids]
+  assert np.array_equal(np.isnan(got), np.isnan(want))
+  np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=1e-6)
