@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -206,6 +207,39 @@ def _restore_or_init(manager, state):
   return treedef.unflatten([saved.get(f"{i:04d}", x) for i, x in enumerate(leaves)]), True
 
 
+class EpochCheckpoints:
+  """A training state checkpointed (orbax) after each epoch beside `history.json` in
+  `out`, so that rerunning the same command resumes where it stopped."""
+
+  def __init__(self, out: Path, log=print):
+    import orbax.checkpoint as ocp
+
+    self.dir, self.history_file, self.log = out / "checkpoints", out / "history.json", log
+    self.manager = ocp.CheckpointManager(self.dir,
+                                         options=ocp.CheckpointManagerOptions(max_to_keep=2))
+    self.resumed = False
+
+  def resume(self, state) -> tuple[Any, list]:
+    """`state` restored from the last checkpoint (as is when there is none), and the
+    epochs' history so far."""
+    state, self.resumed = _restore_or_init(self.manager, state)
+    if not self.resumed:
+      return state, []
+    self.log(f"resumed from {self.dir} after epoch {int(state['epoch'])}")
+    f = self.history_file
+    return state, (json.loads(f.read_text()) if f.exists() else [])
+
+  def save(self, epoch: int, state, history: list) -> None:
+    import orbax.checkpoint as ocp
+
+    self.manager.save(epoch, args=ocp.args.StandardSave(_leaves(state)))
+    self.manager.wait_until_finished()
+    self.history_file.write_text(json.dumps(history, indent=1))
+
+  def close(self) -> None:
+    self.manager.close()
+
+
 def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
         progress: bool = True, log=print) -> FitResult:
   """Fits `table` to the labelled datasets `train` (and `val`); resumable.
@@ -221,7 +255,6 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
   Returns:
     FitResult with the best table by rounded validation error.
   """
-  import orbax.checkpoint as ocp
 
   out = Path(out_dir).absolute()
   out.mkdir(parents=True, exist_ok=True)
@@ -238,18 +271,13 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
   opt = optax.adam(optax.cosine_decay_schedule(config.lr, steps, alpha=0.1))
   state = dict(params=init, opt=opt.init(init), best=init, epoch=jnp.int32(0),
                best_val=jnp.float32(np.inf), bad=jnp.int32(0))
-  manager = ocp.CheckpointManager(out / "checkpoints",
-                                  options=ocp.CheckpointManagerOptions(max_to_keep=2))
-  state, resumed = _restore_or_init(manager, state)
-  history_file = out / "history.json"
-  history = json.loads(history_file.read_text()) if resumed and history_file.exists() else []
-  if resumed:
-    log(f"resumed from {out / 'checkpoints'} after epoch {int(state['epoch'])}")
+  checkpoints = EpochCheckpoints(out, log)
+  state, history = checkpoints.resume(state)
   n_train = sum(int(mb.weight.sum()) for mb in train_b)
   log(f"fitting {len(table.layout.keys)}-opcode table {layout.cpu!r} on {n_train} blocks "
       f"({len(skipped)} skipped), validating on "
       f"{sum(int(mb.weight.sum()) for mb in val_b) if val_b else 'the training'} blocks")
-  if not resumed:
+  if not checkpoints.resumed:
     before = evaluate(init, config)
     history.append(dict(epoch=0, train=None, val_soft=before["soft"], val_hard=before["hard"],
                         seconds=0.0))
@@ -289,13 +317,11 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
     train_loss = float(np.average(losses, weights=weights))
     history.append(dict(epoch=epoch + 1, train=train_loss, val_soft=scores["soft"],
                         val_hard=scores["hard"], seconds=time.time() - t0))
-    manager.save(epoch + 1, args=ocp.args.StandardSave(_leaves(state)))
-    manager.wait_until_finished()
-    history_file.write_text(json.dumps(history, indent=1))
+    checkpoints.save(epoch + 1, state, history)
     log(f"epoch {epoch + 1}: train MAPE {train_loss:.4f} (soft)  validation "
         f"{scores['soft']:.4f} soft, {scores['hard']:.4f} rounded"
         f"{'  *' if better else ''}  {time.time() - t0:.1f} s")
-  manager.close()
+  checkpoints.close()
   from diffsim.fit.grow import usage
 
   return FitResult(params=state["best"], table=table, history=history, skipped=skipped,

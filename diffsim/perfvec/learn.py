@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import time
 from pathlib import Path
 from typing import Sequence
@@ -212,9 +211,8 @@ def train(data: Data, exp: Experiment, out_dir: Path, *, progress: bool = True,
   Returns:
     (the best variables by validation error, the model config).
   """
-  import orbax.checkpoint as ocp
 
-  from diffsim.fit.learn import _bar, _leaves, _restore_or_init
+  from diffsim.fit.learn import EpochCheckpoints, _bar
 
   out = Path(out_dir).absolute()
   out.mkdir(parents=True, exist_ok=True)
@@ -231,13 +229,8 @@ def train(data: Data, exp: Experiment, out_dir: Path, *, progress: bool = True,
   variables = _init(cfg, per, glob, exp.seed)
   state = dict(variables=variables, opt=opt.init(variables), best=variables,
                epoch=jnp.int32(0), best_val=jnp.float32(np.inf), bad=jnp.int32(0))
-  manager = ocp.CheckpointManager(out / "checkpoints",
-                                  options=ocp.CheckpointManagerOptions(max_to_keep=2))
-  state, resumed = _restore_or_init(manager, state)
-  hist_file = out / "history.json"
-  history = json.loads(hist_file.read_text()) if resumed and hist_file.exists() else []
-  if resumed:
-    log(f"resumed from {out / 'checkpoints'} after epoch {int(state['epoch'])}")
+  checkpoints = EpochCheckpoints(out, log)
+  state, history = checkpoints.resume(state)
   step = _make_step(cfg, opt)
   log(f"training PerfVec (dim {cfg.dim}, {cfg.layers} LSTM layers) on {len(train_ids)} blocks "
       f"x {cfg.train_tables} uarchs; validating on {len(val_ids)} blocks")
@@ -268,11 +261,9 @@ def train(data: Data, exp: Experiment, out_dir: Path, *, progress: bool = True,
                         seconds=seconds, blocks_per_s=len(train_ids) / seconds))
     log(f"epoch {epoch + 1}: train loss {np.mean(losses):.4f}, validation MAPE "
         f"{100 * val:.2f}% ({seconds:.0f} s, {len(train_ids) / seconds:.0f} blocks/s)")
-    manager.save(epoch + 1, args=ocp.args.StandardSave(_leaves(state)))
-    manager.wait_until_finished()
-    hist_file.write_text(json.dumps(history, indent=1))
+    checkpoints.save(epoch + 1, state, history)
     if int(state["bad"]) >= exp.patience:
       log(f"stopping: no better validation error for {exp.patience} epochs")
       break
-  manager.close()
+  checkpoints.close()
   return state["best"], cfg
