@@ -110,8 +110,11 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
   its = np.broadcast_to(np.asarray(iterations, np.int32), (B,)).copy()
   n_dev = len(jax.local_devices())
   batch_p, its_p = _pad_batch(jax.tree.map(np.asarray, batch), its, n_dev)
+  # On the host, so that a table left on one device (a fit's output) is not refused by
+  # the program sharded over all of them.
+  params = jax.tree.map(np.asarray, table.params)
   cycles, overflow = _simulate(
-      table.params, table.structure, batch_p, its_p, layout=table.layout,
+      params, table.structure, batch_p, its_p, layout=table.layout,
       window=window_for(np.asarray(table.params.rob_size)), max_cycles=max_cycles,
       fast_forward=fast_forward, slots=slots)
   return np.asarray(cycles)[:B], np.asarray(overflow)[:B]
@@ -148,6 +151,7 @@ def simulate_sweep(params: Params, structure: Structure, layout: Layout, batch: 
   batch_p, its = _pad_batch(jax.tree.map(np.asarray, batch), np.full(B, iterations, np.int32),
                             n_dev)
   rob = int(np.max(np.asarray(params.rob_size)))
+  params = jax.tree.map(np.asarray, params)  # on the host, as in `simulate`
   cycles, overflow = _sweep(params, structure, batch_p, its, layout=layout,
                             window=window_for(rob), max_cycles=max_cycles, slots=slots)
   return np.asarray(cycles)[:, :B], np.asarray(overflow)[:, :B]

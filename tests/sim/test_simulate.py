@@ -117,8 +117,10 @@ def test_bad_blocks_get_errors_and_spare_the_rest(haswell):
 
 @pytest.mark.skipif(len(jax.devices()) > 1, reason="already multi-device")
 def test_sharded_over_eight_host_devices():
-  """The shard_map path on 8 forced CPU devices gives the single-device answer."""
+  """The shard_map path on 8 forced CPU devices gives the single-device answer, also for
+  a table committed to one device (as a fit leaves it)."""
   code = textwrap.dedent("""
+      import dataclasses
       import jax, numpy as np
       from diffsim.isa import parse_asm
       from diffsim.isa.encode import encode
@@ -127,7 +129,12 @@ def test_sharded_over_eight_host_devices():
       assert len(jax.devices()) == 8
       t = load_table("haswell")
       asm = ["addl %ecx, %eax; imull %eax, %eax", "vdivsd %xmm1, %xmm2, %xmm3"] * 5
-      c, o = simulate(t, encode([parse_asm(a) for a in asm], t.layout.index, length=8), 100)
+      batch = encode([parse_asm(a) for a in asm], t.layout.index, length=8)
+      c, o = simulate(t, batch, 100)
+      on0 = jax.tree.map(lambda x: jax.device_put(jax.numpy.asarray(x), jax.devices()[0]),
+                         t.params)
+      c0, _ = simulate(dataclasses.replace(t, params=on0), batch, 100)
+      assert (c0 == c).all(), (c0, c)
       print([int(x) for x in c])
   """)
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
