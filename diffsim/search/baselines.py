@@ -36,6 +36,20 @@ def _run(objective, picks, target):
   return False
 
 
+def _start(task: Task, objective, n: int, rng, target):
+  """Evaluates `n` random configurations: (the seen mask, whether `target` was reached)."""
+  seen = np.zeros(task.size, bool)
+  first = rng.choice(task.size, size=n, replace=False)
+  seen[first] = True
+  return seen, _run(objective, first, target)
+
+
+def _observed(objective):
+  """(configuration indices, costs with nan where invalid) evaluated so far."""
+  return (np.array([i for i, _ in objective.history]),
+          np.array([c for _, c in objective.history]))
+
+
 def _best(objective):
   costs = [(c, i) for i, c in objective.history if np.isfinite(c)]
   return min(costs) if costs else (np.inf, None)
@@ -80,13 +94,9 @@ def autotvm_search(task: Task, objective, budget: int, *, seed: int = 0,
 
   rng = np.random.default_rng(seed)
   X = task.features
-  seen = np.zeros(task.size, bool)
-  first = rng.choice(task.size, size=min(batch, budget), replace=False)
-  seen[first] = True
-  done = _run(objective, first, target)
+  seen, done = _start(task, objective, min(batch, budget), rng, target)
   while not done and objective.evaluations < budget and not seen.all():
-    ids = np.array([i for i, _ in objective.history])
-    costs = np.array([c for _, c in objective.history])
+    ids, costs = _observed(objective)
     best = np.nanmin(costs) if np.isfinite(costs).any() else 1.0
     y = np.where(np.isfinite(costs), best / np.where(np.isfinite(costs), costs, 1.0), 0.0)
     model = HistGradientBoostingRegressor(max_iter=100, min_samples_leaf=2, learning_rate=0.1,
@@ -121,13 +131,9 @@ def bo_search(task: Task, objective, budget: int, *, seed: int = 0,
 
   rng = np.random.default_rng(seed)
   X = task.features
-  seen = np.zeros(task.size, bool)
-  first = rng.choice(task.size, size=min(initial, budget), replace=False)
-  seen[first] = True
-  done = _run(objective, first, target)
+  seen, done = _start(task, objective, min(initial, budget), rng, target)
   while not done and objective.evaluations < budget and not seen.all():
-    ids = np.array([i for i, _ in objective.history])
-    costs = np.array([c for _, c in objective.history])
+    ids, costs = _observed(objective)
     if not np.isfinite(costs).any():  # nothing valid yet: keep sampling at random
       i = int(rng.choice(np.flatnonzero(~seen)))
     else:
