@@ -49,3 +49,19 @@ def llvm14() -> dict[str, str]:
     return {name: find_llvm_tool(name) for name in ("llvm-mc", "llvm-mca")}
   except FileNotFoundError as e:
     pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_compiled_programs():
+  """Frees each module's compiled XLA programs when the module is done.
+
+  The simulator's programs are large (tens of MB each, one per table shape, bucket and
+  mode); kept for the whole session they grew the test process past 5 GB, and XLA
+  crashed compiling inside the bloated process on a CI machine. Modules share few
+  programs, so recompiling the odd one costs less than carrying them all.
+  """
+  yield
+  jax.clear_caches()
+  import gc
+
+  gc.collect()
