@@ -1,11 +1,17 @@
 """Glimpse's three uses of the Blueprint (DAC'22), in JAX and flax, for x86-64 kernels.
 
-1. Priors: `PriorNet` maps a Blueprint to a categorical distribution over each knob,
-   meta-trained so that its marginals match where the near-optimal configurations of
-   each training CPU lie (softmax-weighted by cost).
+1. Priors, two of them. `PriorNet` maps a Blueprint to a categorical distribution over
+   each knob, meta-trained so that its marginals match where the near-optimal
+   configurations of each training CPU lie (softmax-weighted by cost). Knob marginals
+   cannot say which knob values go together (a wide tile needs few accumulators), so
+   `JointPrior` also gives a distribution over whole configurations: the training
+   CPUs' near-optimal distributions mixed with weights that fall with the distance
+   between their Blueprints and the target's (a kernel density in Blueprint space,
+   its bandwidth chosen by leave-one-CPU-out likelihood).
 2. Acquisition: `AcquisitionNet` scores a candidate from the Blueprint, the candidate's
    features, its log-prior and a small Gaussian process's posterior over what has been
    observed so far (mean, deviation, z-score); it is meta-trained across training CPUs
+   (each seeing the joint prior built without itself)
    to predict whether the candidate beats the best observation, on search states drawn
    from many simulated episodes (a learned probability of improvement).
 3. Validity: an ensemble of `ValidityNet`s, each trained on a bootstrap of the training
@@ -38,6 +44,7 @@ _R_SCALE = 0.3
 _GP_LENGTH = 1.0
 _GP_NOISE = 1e-3
 MAX_OBS = 64  # observations the GP features use (the most recent valid ones)
+_NEAR_OPT_TEMP = 0.05  # log-cost temperature of "near-optimal" in the priors' targets
 
 
 class _MLP(nn.Module):
@@ -96,6 +103,60 @@ def log_prior(logits, value_index, sizes):
   return out
 
 
+def near_optimal(costs: np.ndarray) -> np.ndarray:
+  """[T, C] per CPU, a distribution over its configurations: softmax(-log(cost/best)/0.05)
+  over the valid ones (a configuration 5% slower than the best weighs e^-1 of it)."""
+  valid = np.isfinite(costs)
+  z = np.where(valid, np.log(costs / np.nanmin(costs, 1, keepdims=True)), np.inf)
+  w = np.exp(-z / _NEAR_OPT_TEMP)
+  return w / w.sum(1, keepdims=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class JointPrior:
+  """A prior over whole configurations from the training CPUs, read through the Blueprint.
+
+  log p(c | bp) = log((1 - eps) sum_t w_t(bp) q_t(c) + eps / C), where q_t is training
+  CPU t's `near_optimal` distribution and w_t = softmax_t(-|bp - bp_t|^2 / 2h^2).
+  """
+
+  bps: np.ndarray  # [T, D] training Blueprints
+  dists: np.ndarray  # [T, C] their near-optimal distributions
+  bandwidth: float
+  eps: float = 1e-3
+
+  @classmethod
+  def fit(cls, bps: np.ndarray, costs: np.ndarray) -> JointPrior:
+    """The bandwidth that predicts each training CPU from the others.
+
+    Leave-one-out flatters narrow kernels (sampled siblings of a CPU are in its
+    training set, a new CPU's are not), so it takes the widest bandwidth whose
+    likelihood is within one standard error of the best (the one-SE rule).
+    """
+    bps = np.asarray(bps, np.float64)
+    dists = near_optimal(costs)
+    d2 = np.sum((bps[:, None] - bps[None]) ** 2, -1)
+    scale = float(np.sqrt(np.median(d2[d2 > 0]))) if (d2 > 0).any() else 1.0
+    priors, lls = [], []
+    for h in scale * np.array([0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 1e3]):
+      priors.append(cls(bps, dists, float(h)))
+      lls.append([dists[t] @ priors[-1].log_probs(bps[t], exclude=t) for t in range(len(bps))])
+    mean = np.mean(lls, 1)
+    best = int(np.argmax(mean))
+    line = mean[best] - np.std(lls[best]) / np.sqrt(len(bps))
+    return priors[max(i for i in range(len(priors)) if mean[i] >= line)]
+
+  def log_probs(self, bp, exclude: int | None = None) -> np.ndarray:
+    """[C] log-probability of every configuration for a CPU of Blueprint `bp`
+    (without training CPU `exclude`, for leave-one-out)."""
+    logw = -0.5 * np.sum((self.bps - np.asarray(bp, np.float64)) ** 2, 1) / self.bandwidth ** 2
+    if exclude is not None:
+      logw[exclude] = -np.inf
+    w = np.exp(logw - logw.max())
+    q = (w / w.sum()) @ self.dists
+    return np.log((1 - self.eps) * q + self.eps / q.shape[0]).astype(np.float32)
+
+
 def gp_stats(x, obs_x, obs_r, obs_mask):
   """GP posterior mean and deviation at every configuration.
 
@@ -123,11 +184,15 @@ def gp_stats(x, obs_x, obs_r, obs_mask):
   return mean, jnp.sqrt(var)
 
 
-def acquisition_inputs(x, logprior, obs_x, obs_r, obs_mask, num_knobs):
-  """The acquisition's per-candidate statistics: [C, 5]."""
+def acquisition_inputs(x, logprior, joint, obs_x, obs_r, obs_mask, num_knobs):
+  """The acquisition's per-candidate statistics: [C, 6].
+
+  `logprior` is the knob priors' log-probability, `joint` the joint prior's, both [C].
+  """
   mean, std = gp_stats(x, obs_x, obs_r, obs_mask)
   n = jnp.sum(obs_mask) / MAX_OBS
-  return jnp.stack([logprior / num_knobs, mean, std, mean / std,
+  joint = (joint - jnp.max(joint)) / 5.0  # relative to the favourite, about [-1.5, 0]
+  return jnp.stack([logprior / num_knobs, joint, mean, std, mean / std,
                     jnp.broadcast_to(n, mean.shape)], -1)
 
 
@@ -139,6 +204,7 @@ class GlimpseModels:
   prior: dict
   validity: list  # one parameter tree per ensemble member
   acquisition: dict
+  joint: JointPrior
 
 
 # ---------------------------------------------------------------------------------
@@ -184,7 +250,7 @@ def _episodes(task: Task, costs: np.ndarray, rng: np.random.Generator, n_episode
 
 def models_key(task: Task, training: list[tuple[np.ndarray, np.ndarray]], seed: int) -> str:
   """A hash of what meta-training sees, for the on-disk cache."""
-  h = hashlib.sha256(f"{task.name}/{task.size}/{seed}/v1".encode())
+  h = hashlib.sha256(f"{task.name}/{task.size}/{seed}/v2".encode())
   for bp, c in training:
     h.update(np.asarray(bp, np.float32).tobytes())
     h.update(np.nan_to_num(np.asarray(c, np.float64), nan=-1).tobytes())
@@ -217,7 +283,9 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   key = jax.random.PRNGKey(seed)
   k_prior, k_val, k_acq = jax.random.split(key, 3)
   prior_net, val_net, acq_net = PriorNet(sizes), ValidityNet(), AcquisitionNet()
-  extra_dim = 5
+  extra_dim = 6
+  joint = JointPrior.fit(np.asarray(bps), costs)
+  log(f"joint prior: bandwidth {joint.bandwidth:.3f}")
   templates = {
     "prior": prior_net.init(k_prior, bps[0]),
     "validity": [val_net.init(k, bps[0], X[:2]) for k in jax.random.split(k_val, ensemble)],
@@ -225,12 +293,11 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   }
   if path is not None and path.exists():
     state = serialization.from_bytes(templates, path.read_bytes())
-    return GlimpseModels(task.name, state["prior"], list(state["validity"]), state["acquisition"])
+    return GlimpseModels(task.name, state["prior"], list(state["validity"]), state["acquisition"],
+                         joint)
 
-  # 1. Priors: per-knob marginals of the softmax(-z / 0.05)-weighted valid configurations.
-  z = np.where(valid, np.log(costs / np.nanmin(costs, 1, keepdims=True)), np.inf)
-  w = np.exp(-z / 0.05)
-  w /= w.sum(1, keepdims=True)
+  # 1. Knob priors: per-knob marginals of the near-optimal distributions.
+  w = joint.dists
   targets = np.concatenate([np.stack([np.bincount(task.value_index[:, j], weights=w[t],
                                                   minlength=n) for t in range(len(w))])
                             for j, n in enumerate(sizes)], 1)
@@ -265,6 +332,7 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   inputs = jax.jit(functools.partial(acquisition_inputs, num_knobs=len(sizes)))
   for t in range(len(training)):
     logc = np.log(costs[t])
+    joint_t = joint.log_probs(training[t][0], exclude=t)
     for obs, lab in _episodes(task, costs[t], rng, episodes):
       ox = np.zeros((MAX_OBS, X.shape[1]), np.float32)
       orr = np.zeros(MAX_OBS, np.float32)
@@ -273,7 +341,7 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
         ox[:len(obs)] = task.features[obs]
         orr[:len(obs)] = (logc[obs] - logc[obs].min()) / _R_SCALE
         om[:len(obs)] = True
-      extra = inputs(X, lp_all[t], ox, orr, om)
+      extra = inputs(X, lp_all[t], joint_t, ox, orr, om)
       keep = np.ones(task.size, bool)
       keep[obs] = False
       rows_bp.append(np.full(keep.sum(), t))
@@ -303,7 +371,7 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   acq_params, loss = _fit(acq_loss, templates["acquisition"], steps, 1e-3, k_acq)
   log(f"acquisition: weighted cross-entropy {loss:.4f} on {lab.shape[0]} search states")
 
-  models = GlimpseModels(task.name, prior_params, members, acq_params)
+  models = GlimpseModels(task.name, prior_params, members, acq_params, joint)
   if path is not None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(serialization.to_bytes(
@@ -330,8 +398,8 @@ def prior_log_probs(models: GlimpseModels, task: Task, bp) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=("num_knobs",))
-def _scores(acq_params, bp, X, logprior, obs_x, obs_r, obs_mask, num_knobs):
-  extra = acquisition_inputs(X, logprior, obs_x, obs_r, obs_mask, num_knobs)
+def _scores(acq_params, bp, X, logprior, joint, obs_x, obs_r, obs_mask, num_knobs):
+  extra = acquisition_inputs(X, logprior, joint, obs_x, obs_r, obs_mask, num_knobs)
   return AcquisitionNet().apply(acq_params, bp, X, extra)
 
 
@@ -355,7 +423,8 @@ def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseMod
   accept = (votes > 0.5).mean(0) > 0.5
   if not accept.any():  # the ensemble rejects everything: fall back to trusting none
     accept[:] = True
-  logprior = prior_log_probs(models, task, bp)
+  logprior = jnp.asarray(prior_log_probs(models, task, bp))
+  joint = jnp.asarray(models.joint.log_probs(bp))
   X = jnp.asarray(task.features)
   bpj = jnp.asarray(bp)
   noise = rng.gumbel(size=task.size) * 1e-4
@@ -373,7 +442,7 @@ def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseMod
       ox[:len(ids)] = task.features[ids]
       orr[:len(ids)] = (lc - lc.min()) / _R_SCALE
       om[:len(ids)] = True
-    s = np.asarray(_scores(models.acquisition, bpj, X, jnp.asarray(logprior), ox, orr, om,
+    s = np.asarray(_scores(models.acquisition, bpj, X, logprior, joint, ox, orr, om,
                            len(task.knobs))) + noise
     s[seen | ~accept] = -np.inf
     if not np.isfinite(s).any():

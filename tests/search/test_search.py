@@ -7,7 +7,7 @@ from diffsim.params.sample import sample_params
 from diffsim.params.table import load_table
 from diffsim.search.blueprint import blueprint
 from diffsim.search.evaluate import Objective, enumerate_costs_stack
-from diffsim.search.glimpse import meta_train, validity_votes
+from diffsim.search.glimpse import JointPrior, meta_train, near_optimal, validity_votes
 from diffsim.search.space import TASKS
 from diffsim.search.trials import run_trial
 
@@ -110,3 +110,23 @@ def test_simulating_on_demand_agrees_with_the_enumeration(axpy_haswell):
   want = axpy_haswell.cost[ids]
   assert np.array_equal(np.isnan(got), np.isnan(want))
   np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=1e-6)
+
+
+def test_joint_prior_reads_the_nearest_blueprints(axpy_haswell):
+  # Two "CPUs" far apart in Blueprint space with opposite rankings: a new CPU next to
+  # the first gets the first's near-optimal configurations, and vice versa.
+  cost = axpy_haswell.cost
+  flipped = np.where(np.isfinite(cost), 1.0 / cost, np.nan)
+  costs = np.stack([cost, cost * 1.01, flipped, flipped * 0.99])
+  bps = np.array([[0.0, 0.0], [0.1, 0.0], [5.0, 5.0], [5.1, 5.0]])
+  prior = JointPrior.fit(bps, costs)
+  assert prior.bandwidth < 5.0  # the leave-one-out siblings say: stay local
+  near = near_optimal(costs)
+  for bp, want in (([0.05, 0.0], near[0]), ([5.05, 5.0], near[2])):
+    lp = prior.log_probs(np.array(bp))
+    assert int(np.argmax(lp)) == int(np.argmax(want))
+    assert np.isclose(np.exp(lp).sum(), 1.0, atol=1e-4)
+  # Leaving a CPU out drops its own weight entirely.
+  alone = JointPrior(bps[:2], near[:2], 1.0)
+  np.testing.assert_allclose(np.exp(alone.log_probs(bps[0], exclude=0)),
+                             (1 - alone.eps) * near[1] + alone.eps / len(cost), rtol=1e-5)
