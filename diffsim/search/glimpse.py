@@ -18,8 +18,10 @@
    CPUs' enumerations, votes on whether a candidate compiles for the target; the search
    never evaluates a candidate the majority rejects.
 
-The search itself picks, at each step, the unevaluated candidate the acquisition ranks
-first among those the ensemble accepts. Costs enter every model as log(cost / best).
+The search starts, as Bayesian optimisation does, from an initial design, here drawn from
+the joint prior (its `init` most likely configurations) instead of at random; then it
+picks, at each step, the unevaluated candidate the acquisition ranks first among those
+the ensemble accepts. Costs enter every model as log(cost / best).
 """
 
 from __future__ import annotations
@@ -404,7 +406,8 @@ def _scores(acq_params, bp, X, logprior, joint, obs_x, obs_r, obs_mask, num_knob
 
 
 def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseModels,
-                   seed: int = 0, target: float | None = None, on_step=None) -> dict:
+                   seed: int = 0, target: float | None = None, on_step=None,
+                   init: int = 3) -> dict:
   """Glimpse-style search for `budget` evaluations (or until `target` cost is reached).
 
   Args:
@@ -413,6 +416,7 @@ def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseMod
     seed: breaks ties between equally scored candidates (tiny Gumbel noise).
     target: stop once a cost at or below it is found (the benchmark's 2% line).
     on_step: called with (step, index, cost, best) after each evaluation.
+    init: size of the initial design (the joint prior's favourites, in its order).
 
   Returns:
     {"best": index or None, "cost": best cost, "rejected": candidates the ensemble
@@ -442,8 +446,11 @@ def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseMod
       ox[:len(ids)] = task.features[ids]
       orr[:len(ids)] = (lc - lc.min()) / _R_SCALE
       om[:len(ids)] = True
-    s = np.asarray(_scores(models.acquisition, bpj, X, logprior, joint, ox, orr, om,
-                           len(task.knobs))) + noise
+    if step < init:
+      s = np.asarray(joint) + noise
+    else:
+      s = np.asarray(_scores(models.acquisition, bpj, X, logprior, joint, ox, orr, om,
+                             len(task.knobs))) + noise
     s[seen | ~accept] = -np.inf
     if not np.isfinite(s).any():
       break

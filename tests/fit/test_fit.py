@@ -46,7 +46,7 @@ def _report(out: Path) -> dict:
 
 def test_fit_learns_on_measured_blocks_and_exports_a_usable_table(short_blocks, tmp_path, capsys):
   out = tmp_path / "run"
-  args = ["fit", str(short_blocks)] + FIT + ["--limit", "400", "--epochs", "3", "--out", str(out)]
+  args = ["fit", str(short_blocks)] + FIT + ["--limit", "300", "--epochs", "3", "--out", str(out)]
   assert main(args) == 0
   rows = _report(out)
   before = rows["diffsim znver3 (initial table)"]

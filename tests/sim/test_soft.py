@@ -50,7 +50,9 @@ def blocks():
   return [b for b in decoded if not isinstance(b, Exception) and len(b.instrs) <= 8][:64]
 
 
-@pytest.mark.parametrize("cpu", ["haswell", "skylake", "znver3"])
+# skylake's table shares haswell's layout and most of its numbers: slow suite only.
+@pytest.mark.parametrize("cpu", ["haswell", pytest.param("skylake", marks=pytest.mark.slow),
+                                 "znver3"])
 def test_replay_at_zero_temperature_is_the_hard_simulator(cpu, blocks):
   """Every modelled constraint is a true lower bound of the hard schedule (no negative
   slack), and at tau = 0 the replay gives the hard cycle counts exactly."""
@@ -146,7 +148,9 @@ def test_gradients_match_central_differences_in_float64(blocks):
       assert ad == pytest.approx(float(fd), rel=1e-5, abs=1e-6), name
 
 
-@pytest.mark.parametrize("tau", [0.0, 0.05, 1.0, 10.0])
+# The two extreme temperatures by default; those between in the slow suite.
+@pytest.mark.parametrize("tau", [0.0, pytest.param(0.05, marks=pytest.mark.slow),
+                                 pytest.param(1.0, marks=pytest.mark.slow), 10.0])
 def test_no_nan_or_inf_in_gradients(tau, blocks):
   table = load_table("skylake")
   batch = encode(blocks, table.layout.index, length=8, renaming=renaming_for(table))
