@@ -75,6 +75,9 @@ def _fit_process(data: Path, out: Path, epochs: int):
                           env=env)
 
 
+# Three fits in subprocesses (about 3 minutes): slow suite; the in-process resume test
+# below covers checkpointing by default.
+@pytest.mark.slow
 def test_a_killed_fit_resumes_with_nothing_lost(short_blocks, tmp_path):
   """Kill a fit once its first epoch is checkpointed; the rerun resumes there and
   ends with exactly the table of a run that was never interrupted."""

@@ -48,6 +48,7 @@ def test_values_integral_and_within_documented_ranges(haswell):
   assert np.mean(p.latency[0] != lat0) > 0.2
 
 
+@pytest.mark.slow  # a minute of compiles; tests/sim covers sweep == one table at a time
 def test_sweep_equals_each_sampled_table_run_alone(haswell):
   ds = load_csv(shipped("mca-small.csv"))
   blocks = [b for b in decode_blocks(list(ds.hex)[:40])
