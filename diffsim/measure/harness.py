@@ -305,7 +305,7 @@ def _pass_from_times(times: np.ndarray, quantum: int, a: int, b: int, repeat: in
   tsc_per_cycle = (chain_a - chain_b) / ((CHAIN_A - CHAIN_B) * CHAIN_REPEAT)
   if not tsc_per_cycle > 0:
     raise _Disturbed("the calibration chain did not slow down with its length: "
-                       f"ticks {chain_a} vs {chain_b}")
+                     f"ticks {chain_a} vs {chain_b}")
   cycles = (block_a - block_b) / ((a - b) * repeat) / tsc_per_cycle
   canary = (canary_a - canary_b) / ((CANARY_A - CANARY_B) * CANARY_REPEAT) / tsc_per_cycle
   return Pass(float(cycles), float(canary), float(tsc_per_cycle), int(quiet.sum()))

@@ -11,9 +11,9 @@
 2. Acquisition: `AcquisitionNet` scores a candidate from the Blueprint, the candidate's
    features, its log-prior and a small Gaussian process's posterior over what has been
    observed so far (mean, deviation, z-score); it is meta-trained across training CPUs
-   (each seeing the joint prior built without itself)
-   to predict whether the candidate beats the best observation, on search states drawn
-   from many simulated episodes (a learned probability of improvement).
+   (each seeing the joint prior built without itself) to predict whether the candidate
+   beats the best observation, on search states drawn from many simulated episodes (a
+   learned probability of improvement).
 3. Validity: an ensemble of `ValidityNet`s, each trained on a bootstrap of the training
    CPUs' enumerations, votes on whether a candidate compiles for the target; the search
    never evaluates a candidate the majority rejects.
@@ -186,6 +186,18 @@ def gp_stats(x, obs_x, obs_r, obs_mask):
   return mean, jnp.sqrt(var)
 
 
+def _observations(features: np.ndarray, ids, log_costs):
+  """What the GP sees, padded to MAX_OBS rows: (features, scaled log(cost / best), mask)."""
+  ox = np.zeros((MAX_OBS, features.shape[1]), np.float32)
+  orr = np.zeros(MAX_OBS, np.float32)
+  om = np.zeros(MAX_OBS, bool)
+  if len(ids):
+    ox[:len(ids)] = features[ids]
+    orr[:len(ids)] = (log_costs - log_costs.min()) / _R_SCALE
+    om[:len(ids)] = True
+  return ox, orr, om
+
+
 def acquisition_inputs(x, logprior, joint, obs_x, obs_r, obs_mask, num_knobs):
   """The acquisition's per-candidate statistics: [C, 6].
 
@@ -336,14 +348,7 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
     logc = np.log(costs[t])
     joint_t = joint.log_probs(training[t][0], exclude=t)
     for obs, lab in _episodes(task, costs[t], rng, episodes):
-      ox = np.zeros((MAX_OBS, X.shape[1]), np.float32)
-      orr = np.zeros(MAX_OBS, np.float32)
-      om = np.zeros(MAX_OBS, bool)
-      if len(obs):
-        ox[:len(obs)] = task.features[obs]
-        orr[:len(obs)] = (logc[obs] - logc[obs].min()) / _R_SCALE
-        om[:len(obs)] = True
-      extra = inputs(X, lp_all[t], joint_t, ox, orr, om)
+      extra = inputs(X, lp_all[t], joint_t, *_observations(task.features, obs, logc[obs]))
       keep = np.ones(task.size, bool)
       keep[obs] = False
       rows_bp.append(np.full(keep.sum(), t))
@@ -436,20 +441,13 @@ def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseMod
   obs, obs_cost = [], []
   best_i, best = None, np.inf
   for step in range(budget):
-    ox = np.zeros((MAX_OBS, X.shape[1]), np.float32)
-    orr = np.zeros(MAX_OBS, np.float32)
-    om = np.zeros(MAX_OBS, bool)
-    if obs:
-      recent = np.argsort(obs_cost)[:MAX_OBS]  # the best ones inform the GP most
-      ids = np.asarray(obs)[recent]
-      lc = np.log(np.asarray(obs_cost)[recent])
-      ox[:len(ids)] = task.features[ids]
-      orr[:len(ids)] = (lc - lc.min()) / _R_SCALE
-      om[:len(ids)] = True
     if step < init:
       s = np.asarray(joint) + noise
     else:
-      s = np.asarray(_scores(models.acquisition, bpj, X, logprior, joint, ox, orr, om,
+      best_first = np.argsort(obs_cost)[:MAX_OBS]  # the best ones inform the GP most
+      seen_obs = _observations(task.features, np.asarray(obs, int)[best_first],
+                               np.log(np.asarray(obs_cost))[best_first])
+      s = np.asarray(_scores(models.acquisition, bpj, X, logprior, joint, *seen_obs,
                              len(task.knobs))) + noise
     s[seen | ~accept] = -np.inf
     if not np.isfinite(s).any():
