@@ -2,7 +2,8 @@
 
 Prints one table: blocks/s of diffsim's exact simulator after compilation (compile
 time reported apart), of llvm-mca through the bridge (one process, and one per core),
-and their ratio; peak memory; and how time grows with iterations and block length.
+and their ratio; peak memory; and how time grows with iterations, block length and
+the width of the window of in-flight instructions.
 
   python benchmarks/simulate_speed.py [--n 10000] [--cpu haswell] [--quick]
 
@@ -31,7 +32,9 @@ from diffsim.data import shared_data_dir, shipped  # noqa: E402
 from diffsim.isa import decode_blocks  # noqa: E402
 from diffsim.mca import llvm_version, run_mca  # noqa: E402
 from diffsim.params.table import load_table  # noqa: E402
-from diffsim.sim import simulate_blocks  # noqa: E402
+from diffsim.isa.encode import encode, renaming_for  # noqa: E402
+from diffsim.sim import simulate, simulate_blocks  # noqa: E402
+from diffsim.sim.api import window_for  # noqa: E402
 
 
 def sample_hexes(n: int, seed: int = 0) -> tuple[list[str], str]:
@@ -116,6 +119,23 @@ def main(argv=None):
     simulate_blocks(table, grp, iterations=args.iterations)
     _, sec = timed(simulate_blocks, table, grp, iterations=args.iterations)
     print(f"{f'{lo}-{hi}':>10s} {len(grp):7d} {sec:9.2f} {len(grp) / sec:10.0f}")
+
+  # What the per-cycle passes over the window cost: the same blocks with a wider ring
+  # (identical cycle counts; only the window-wide work grows).
+  grp = [b for b in ok if 5 <= len(b.instrs) <= 8][:1000]
+  batch = encode(grp, table.layout.index, length=8, renaming=renaming_for(table))
+  base = window_for(float(table.params.rob_size))
+  print(f"\n# time vs window width ({len(grp)} blocks of 5-8 instructions, warm; "
+        "the cycle counts do not change)")
+  print(f"{'window':>10s} {'seconds':>9s} {'blocks/s':>10s}")
+  secs = {}
+  for w in (base, 2 * base):
+    ref_cycles = simulate(table, batch, args.iterations, window=w)[0]
+    (cycles, _), secs[w] = timed(simulate, table, batch, args.iterations, window=w)
+    assert (cycles == ref_cycles).all()
+    print(f"{w:10d} {secs[w]:9.2f} {len(grp) / secs[w]:10.0f}")
+  print(f"share of the time that grows with the window at {base} slots: "
+        f"{(secs[2 * base] - secs[base]) / secs[base]:.0%}")
   return 0
 
 

@@ -91,7 +91,7 @@ def _pad_batch(batch: BlockBatch, iterations, multiple: int):
 
 def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100, *,
              fast_forward: bool = True, max_cycles: int = DEFAULT_MAX_CYCLES,
-             slots: int = 64):
+             slots: int = 64, window: int | None = None):
   """Total Cycles of each block, llvm-mca's convention, in hard (exact) mode.
 
   Args:
@@ -102,10 +102,18 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
     max_cycles: static cycle budget; blocks that exceed it are flagged.
     slots: blocks simulated side by side per device; finished slots take the next
       block, so a batch costs the sum of its blocks' cycles, not B x the slowest.
+    window: ring slots for in-flight instructions (default `window_for` the ROB
+      size). A wider ring gives the same cycles at a higher cost: it measures what
+      the per-cycle passes over the window cost (`benchmarks/simulate_speed.py`).
 
   Returns:
     (cycles [B] int32, overflow [B] bool) as numpy arrays.
   """
+  rob = int(np.max(np.round(np.asarray(table.params.rob_size))))
+  if window is None:
+    window = window_for(rob)
+  elif window < rob:
+    raise ValueError(f"window {window} is smaller than the ROB ({rob} entries)")
   B = batch.opcode.shape[0]
   its = np.broadcast_to(np.asarray(iterations, np.int32), (B,)).copy()
   n_dev = len(jax.local_devices())
@@ -114,8 +122,8 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
   # the program sharded over all of them.
   params = jax.tree.map(np.asarray, table.params)
   cycles, overflow = _simulate(
-      params, table.structure, batch_p, its_p, layout=table.layout,
-      window=window_for(np.asarray(table.params.rob_size)), max_cycles=max_cycles,
+      params, table.structure, batch_p, its_p, layout=table.layout, window=window,
+      max_cycles=max_cycles,
       fast_forward=fast_forward, slots=slots)
   return np.asarray(cycles)[:B], np.asarray(overflow)[:B]
 
