@@ -7,7 +7,10 @@ this process's environment).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import jax
@@ -24,9 +27,18 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # LLVM 14 as `diffsim.mca` does, here as in the `diffsim` command.
 _put_llvm14_on_path()
 
-# Tests must not fill the user's ~/.cache with compiled programs (the `diffsim`
-# command keeps a persistent compile cache there by default).
-os.environ.setdefault("DIFFSIM_CACHE_DIR", "off")
+# Compiled programs are kept on disk for this session only: the modules compile many
+# of the same simulator programs, and each module's in-memory copies are dropped when
+# it ends (`_drop_compiled_programs`), so later modules, the `diffsim` commands the
+# tests start and the notebooks' kernels (they inherit DIFFSIM_CACHE_DIR) load them
+# instead of compiling again. The user's ~/.cache is never touched.
+if "DIFFSIM_CACHE_DIR" not in os.environ:
+  _session_cache = tempfile.mkdtemp(prefix="diffsim-test-xla-")
+  atexit.register(shutil.rmtree, _session_cache, ignore_errors=True)
+  os.environ["DIFFSIM_CACHE_DIR"] = _session_cache
+if os.environ["DIFFSIM_CACHE_DIR"].lower() not in ("off", "0", "none"):
+  jax.config.update("jax_compilation_cache_dir", os.environ["DIFFSIM_CACHE_DIR"])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 @pytest.fixture(scope="session")
