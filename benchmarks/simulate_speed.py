@@ -124,7 +124,7 @@ def main(argv=None):
   # (identical cycle counts; only the window-wide work grows).
   grp = [b for b in ok if 5 <= len(b.instrs) <= 8][:1000]
   batch = encode(grp, table.layout.index, length=8, renaming=renaming_for(table))
-  base = window_for(float(table.params.rob_size))
+  base = window_for(table.params.rob_size)
   print(f"\n# time vs window width ({len(grp)} blocks of 5-8 instructions, warm; "
         "the cycle counts do not change)")
   print(f"{'window':>10s} {'seconds':>9s} {'blocks/s':>10s}")

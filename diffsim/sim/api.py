@@ -31,13 +31,20 @@ from diffsim.sim.pipeline import integer_globals, run_block, run_queue
 DEFAULT_MAX_CYCLES = 1 << 20
 
 
+def rob_entries(rob_size) -> int:
+  """ROB entries as the hard simulator has them: rounded, as every integer parameter
+  (`integer_globals`), and the largest over a batch of tables."""
+  return int(np.max(np.round(np.asarray(rob_size))))
+
+
 def window_for(rob_size) -> int:
-  """Ring size for in-flight instructions: the ROB size, rounded up to a multiple of 32.
+  """Ring size for in-flight instructions: the ROB's entries, rounded up to a multiple
+  of 32.
 
   Every instruction in flight holds at least one ROB entry, so this many slots always
   suffice; the window's width sets the cost of every per-cycle pass over it.
   """
-  return max(32, -(-int(rob_size) // 32) * 32)
+  return max(32, -(-rob_entries(rob_size) // 32) * 32)
 
 
 def _mesh() -> Mesh:
@@ -109,7 +116,7 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
   Returns:
     (cycles [B] int32, overflow [B] bool) as numpy arrays.
   """
-  rob = int(np.max(np.round(np.asarray(table.params.rob_size))))
+  rob = rob_entries(table.params.rob_size)
   if window is None:
     window = window_for(rob)
   elif window < rob:
@@ -123,8 +130,7 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
   params = jax.tree.map(np.asarray, table.params)
   cycles, overflow = _simulate(
       params, table.structure, batch_p, its_p, layout=table.layout, window=window,
-      max_cycles=max_cycles,
-      fast_forward=fast_forward, slots=slots)
+      max_cycles=max_cycles, fast_forward=fast_forward, slots=slots)
   return np.asarray(cycles)[:B], np.asarray(overflow)[:B]
 
 
@@ -158,10 +164,10 @@ def simulate_sweep(params: Params, structure: Structure, layout: Layout, batch: 
   # The flattened job axis (P x B) is sharded, so B is padded to the device count.
   batch_p, its = _pad_batch(jax.tree.map(np.asarray, batch), np.full(B, iterations, np.int32),
                             n_dev)
-  rob = int(np.max(np.asarray(params.rob_size)))
+  window = window_for(params.rob_size)
   params = jax.tree.map(np.asarray, params)  # on the host, as in `simulate`
   cycles, overflow = _sweep(params, structure, batch_p, its, layout=layout,
-                            window=window_for(rob), max_cycles=max_cycles, slots=slots)
+                            window=window, max_cycles=max_cycles, slots=slots)
   return np.asarray(cycles)[:, :B], np.asarray(overflow)[:, :B]
 
 
