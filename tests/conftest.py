@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from diffsim.cli import _put_llvm14_on_path
+from diffsim.cli import _enable_compile_cache, _put_llvm14_on_path
 
 # Silent broadcasting between arrays of different rank is a bug in this codebase
 # (style.md 6): make it fail loudly in every test.
@@ -36,9 +36,7 @@ if "DIFFSIM_CACHE_DIR" not in os.environ:
   _session_cache = tempfile.mkdtemp(prefix="diffsim-test-xla-")
   atexit.register(shutil.rmtree, _session_cache, ignore_errors=True)
   os.environ["DIFFSIM_CACHE_DIR"] = _session_cache
-if os.environ["DIFFSIM_CACHE_DIR"].lower() not in ("off", "0", "none"):
-  jax.config.update("jax_compilation_cache_dir", os.environ["DIFFSIM_CACHE_DIR"])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+_enable_compile_cache()  # as the `diffsim` command does, in this process too
 
 
 @pytest.fixture(scope="session")
