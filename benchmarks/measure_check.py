@@ -3,8 +3,9 @@
 Prints, for the CPU it runs on:
 1. the validation blocks (known chains, port-bound blocks): measured against expected;
 2. N BHive corpus blocks (a seeded uniform sample) measured twice, one full run after
-   the other: the median, 90th and 99th percentile relative difference per block, and
-   the share that differs by more than 5%;
+   the other: the median, 90th and 99th percentile relative difference per block, the
+   share that differs by more than 5%, the same over blocks whose passes agreed, and
+   how many passes a busy core disturbed;
 3. the rate in blocks per second (prefiltering excluded) and the reject rate by reason;
 4. a cross-CPU sanity figure: the same blocks against `measured/zen5-measured.csv`.
    Unless this CPU is the Zen 5 of that file (family 1Ah model 2 stepping 1), the two
@@ -97,11 +98,22 @@ def main() -> int:
     q = np.percentile(rel, [50, 90, 99])
     print(f"  relative difference    median {_pct(q[0])}, p90 {_pct(q[1])}, p99 {_pct(q[2])}")
     print(f"  differ by more than 5% {_pct(float(np.mean(rel > 0.05)))}")
+    steady = np.array([a.spread <= 0.03 and b.spread <= 0.03 for a, b in zip(first, second)
+                       if a.cycles is not None and b.cycles is not None
+                       and a.cycles > 0 and b.cycles > 0])
+    if steady.any():
+      q = np.percentile(rel[steady], [50, 90, 99])
+      print(f"  passes agreed (<= 3%)  {steady.sum()} blocks: median {_pct(q[0])}, p90 "
+            f"{_pct(q[1])}, p99 {_pct(q[2])}, > 5% {_pct(float(np.mean(rel[steady] > 0.05)))}")
   spreads = np.array([r.spread for r in first if r.spread is not None and math.isfinite(r.spread)])
   if len(spreads):
     p = np.percentile(spreads, [50, 90])
     print(f"  spread between passes  median {_pct(p[0])}, p90 {_pct(p[1])} (run 1)")
-  print(f"  contended passes kept  {s1.contended_passes + s2.contended_passes}")
+  timed = s1.passes + s2.passes
+  disturbed = s1.disturbed_passes + s2.disturbed_passes
+  print(f"  disturbed passes       {_pct(disturbed / max(timed, 1))} of {timed} timed again "
+        f"(busy core); kept at a block's last chance: "
+        f"{s1.contended_passes + s2.contended_passes}")
 
   print("\n3. rate and rejects (run 1)")
   print(f"  rate                   {s1.rate:.1f} blocks/s ({s1.measured} timed in "

@@ -133,6 +133,7 @@ def _measure(args: argparse.Namespace) -> int:
     "blocks_per_second": None if math.isnan(stats.rate) else stats.rate,
     "median_spread": spreads[len(spreads) // 2] if spreads else None,
     "contended_passes": stats.contended_passes,
+    "passes": stats.passes, "disturbed_passes": stats.disturbed_passes,
     "config": {k: getattr(config, k) for k in ("passes", "max_passes", "rounds", "max_pages")},
     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
   }
@@ -145,5 +146,10 @@ def _measure(args: argparse.Namespace) -> int:
   _say(f"{path}: {len(ok)} of {len(rows)} blocks measured on {describe_cpu(cpu)} "
        f"in {wall:.1f} s{rate}" + (f"; {stats.resumed} from the resume log" if stats.resumed
                                    else "") + (f"; rejected: {rejected}" if rejected else ""))
+  if stats.passes and stats.disturbed_passes > 0.2 * stats.passes:
+    _say(f"warning: {stats.disturbed_passes} of {stats.passes} passes were disturbed (the core "
+         f"was busy: another process, or the host's other thread on this core); "
+         f"{stats.contended_passes} disturbed passes had to be kept. Rows with a large "
+         "spread are the ones to distrust, or measure again on a quieter machine")
   _say(f"wrote {out} and {out}.json")
   return 0

@@ -8,15 +8,18 @@ definition: 100 (L_a - L_b) / (a - b). It follows the method of the harness behi
 
 - The TSC is not the core clock, and the core clock drifts, so a 1-cycle-per-instruction
   `add` chain timed in the same rounds calibrates every pass.
-- A canary (independent adds, bound by the ALUs) is timed in the same rounds too. Rounds
-  in which it runs slow are left out; a pass whose canary is still slower than on a
-  quiet core (a low percentile of recent passes) was contended and is repeated.
-- Several passes, each in its own forked child; more when they disagree; the value is
-  the median pass and the spread (max - min) / median is reported with it.
+- Canaries bound by the ALUs, the load pipes and the store pipes are timed in the same
+  rounds too. Rounds in which one runs slow are left out. A pass with a canary still
+  slower than on a quiet core (a low percentile of the run's passes), or whose
+  snippets rarely repeat their fastest time, was disturbed: it is repeated after short pauses, then
+  deferred to a later sweep. On a shared host (a cloud VM) the core's other hardware
+  thread can stay busy for seconds, and what is timed meanwhile reads 10-60% off.
+- Several passes, each in its own forked child and spread over time (blocks are
+  measured in sweeps: one pass per block per sweep); more when they disagree; the value
+  is the median pass and the spread (max - min) / median is reported with it.
 
-What it simplifies: passes of one block follow each other (they are independent
-processes, not spread over the run), and without performance counters nothing checks
-that the core ran the block without, say, a microcode assist.
+What it simplifies: without performance counters nothing checks that the core ran the
+block without, say, a microcode assist.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import math
 import os
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,11 +38,13 @@ import numpy as np
 from diffsim.measure.build import MeasureError, runner_path
 
 # Must match runner.c: instructions in the calibration chain's two layouts and the
-# times each repeats; iterations of the canary's two layouts and their repeats.
+# times each repeats; iterations of the canaries' two layouts and their repeats.
 CHAIN_A, CHAIN_B, CHAIN_REPEAT = 1000, 500, 6
-CANARY_A, CANARY_B, CANARY_REPEAT = 200, 100, 15
+CANARY_A, CANARY_B, CANARY_REPEAT = 200, 100, 10
 MAX_ROUNDS = 1024
-SNIPPETS = ("chain_a", "chain_b", "canary_a", "canary_b", "block_a", "block_b")
+CANARIES = ("alu", "load", "store")
+SNIPPETS = ("chain_a", "chain_b", *(f"{c}_{ab}" for c in CANARIES for ab in "ab"),
+            "block_a", "block_b")
 
 # Unrolled code stays within 16 KiB, well inside a 32 KiB L1 instruction cache.
 CODE_BUDGET = 16384
@@ -78,9 +83,19 @@ class MeasureConfig:
       L1-resident).
     target_cycles: the b-layout is repeated until it lasts about this many cycles, so
       a coarse TSC (steps of 26 ticks here) still resolves 0.1%.
-    contention_tolerance: a pass whose canary is this much slower than the best canary
-      seen was run on a busy core, and is repeated.
-    contention_retries: repeats of a contended pass before its value is kept anyway.
+    contention_tolerance: a pass with a canary this much slower than on a quiet core
+      was run on a busy core, and is repeated.
+    min_steady: share of a pass's rounds in which each snippet (block, calibration
+      chain, canaries) must read its fastest time (within 1%), or the pass was disturbed
+      and is repeated like a contended one.
+    defer_after: seconds of pauses (2 ms, doubling) a disturbed pass may wait for the
+      core to become quiet before it is deferred to the next sweep.
+    deferrals: sweeps a block's disturbed pass may be deferred; at the last chance it
+      waits on, and after `contention_wait` seconds of pauses for the block it is kept
+      and counted in `BlockResult.contended`.
+    contention_wait: seconds of pauses a block may spend waiting for a quiet core.
+    chunk: blocks measured together in sweeps (each sweep gives every unfinished block
+      one pass), so that a block's passes lie about a second apart.
     cpu: the core to pin the runner to (default: the last one this process may use).
   """
 
@@ -91,13 +106,17 @@ class MeasureConfig:
   max_pages: int = 12
   target_cycles: float = 3000.0
   contention_tolerance: float = 0.03
-  contention_retries: int = 3
+  min_steady: float = 0.5
+  defer_after: float = 0.03
+  deferrals: int = 3
+  contention_wait: float = 0.2
+  chunk: int = 512
   cpu: int | None = None
 
   @classmethod
   def quick(cls) -> MeasureConfig:
     """Fewer rounds and passes: for tests and notebooks, about 3x faster."""
-    return cls(passes=2, max_passes=3, rounds=16, contention_retries=2)
+    return cls(passes=2, max_passes=3, rounds=16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +129,7 @@ class BlockResult:
     error: `reason: detail` when rejected, else None. The reason is a short category
       (`null-page`, `privileged`, `undecodable`...).
     passes: the per-pass values, in cycles per 100 iterations.
-    contended: passes kept although their canary said the core was busy.
+    contended: passes kept although they were disturbed (a busy core).
   """
 
   cycles: float | None
@@ -190,12 +209,24 @@ def untimeable_reason(block) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class Pass:
-  """One timed pass: the block's and the canary's cycles per iteration."""
+  """One timed pass: the block's and the canaries' cycles per iteration."""
 
-  cycles: float          # block, core cycles per iteration
-  canary: float          # canary, core cycles per iteration
-  tsc_per_cycle: float   # TSC ticks per core cycle during this pass
-  quiet_rounds: int      # rounds whose canary ran at full speed
+  cycles: float                # block, core cycles per iteration
+  canaries: tuple[float, ...]  # each canary (CANARIES), core cycles per iteration
+  tsc_per_cycle: float         # TSC ticks per core cycle during this pass
+  quiet_rounds: int            # rounds whose canaries ran at full speed
+  steady: float                # least share, over all snippets, of rounds at the minimum
+
+  def undisturbed(self, quiet: np.ndarray, config: MeasureConfig) -> bool:
+    """Whether the core was the pass's own: every canary ran at its quiet speed (`quiet`,
+    `Runner.quiet_canaries`), and every snippet read its fastest time in most rounds.
+
+    The canaries alone miss a busy spell that hits the block's rounds and not theirs
+    (contention on a shared host comes and goes within a millisecond pass); a pass run
+    in peace repeats its times, so a minimum that few rounds reach was luck.
+    """
+    slow = np.asarray(self.canaries) > quiet * (1 + config.contention_tolerance)
+    return not slow.any() and self.steady >= config.min_steady
 
 
 class _Disturbed(MeasureError):
@@ -220,22 +251,28 @@ class Runner:
     self.cpu = cpu
     self._proc = subprocess.Popen([str(exe), "--cpu", str(cpu)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, bufsize=1)
-    self._canaries: list[float] = []  # cycles per canary iteration, recent passes
+    self._canaries: list[tuple[float, ...]] = []  # each pass's canaries, this run
+    self.passes = self.disturbed = 0   # timed passes of blocks, and how many were disturbed
 
-  def note_canary(self, canary: float) -> None:
-    """Records a pass's canary, for `quiet_canary`."""
-    self._canaries = self._canaries[-199:] + [canary]
+  def note(self, p: Pass) -> None:
+    """Records a pass's canaries, for `quiet_canaries`."""
+    self._canaries.append(p.canaries)
+    if len(self._canaries) > 20_000:
+      del self._canaries[:10_000]
 
   @property
-  def quiet_canary(self) -> float:
-    """The canary's speed on a quiet core: a low percentile of recent passes.
+  def quiet_canaries(self) -> np.ndarray:
+    """Each canary's speed on a quiet core: the fastest value that several of the run's
+    passes share (`_lowest_cluster`).
 
-    Not the minimum: one pass that reads low by chance would make every later pass
-    look contended.
+    Canaries are in core cycles, so clock drift does not move them, and on a quiet core
+    they repeat their value closely, while a busy core scatters them upwards; so the
+    lowest tight cluster is the quiet speed even when most passes were disturbed (a
+    low percentile is not). Not the minimum: a pass whose calibration went wrong can
+    read absurdly low, and would make every later pass look contended.
     """
-    if not self._canaries:
-      return math.inf
-    return float(np.percentile(self._canaries, 20))
+    history = np.array(self._canaries).reshape(-1, len(CANARIES))
+    return np.array([_lowest_cluster(column) for column in history.T])
 
   def close(self) -> None:
     if self._proc.poll() is None:
@@ -283,60 +320,128 @@ class Runner:
     return _pass_from_times(times, quantum, a, b, repeat)
 
 
-def _pass_from_times(times: np.ndarray, quantum: int, a: int, b: int, repeat: int) -> Pass:
-  """Cycles per iteration from every round's ticks ([6, R] float64, SNIPPETS order).
+def _lowest_cluster(values: np.ndarray, k: int = 5, width: float = 0.015) -> float:
+  """The lowest v with at least k values in [v, v (1 + width)]; inf when there is none.
 
-  Rounds whose canary ran slower than the pass's best by more than 1% (and a TSC step)
-  were disturbed, most often by another thread on the same core, and are left out.
+  >>> _lowest_cluster(np.array([0.4, 2.0, 2.01, 2.0, 2.02, 2.0, 3.1, 3.3]))
+  2.0
+  """
+  x = np.sort(values[np.isfinite(values)])
+  ends = np.searchsorted(x, x * (1 + width), side="right")
+  dense = np.flatnonzero(ends - np.arange(len(x)) >= k)
+  return float(x[dense[0]]) if len(dense) else math.inf
+
+
+def _pass_from_times(times: np.ndarray, quantum: int, a: int, b: int, repeat: int) -> Pass:
+  """Cycles per iteration from every round's ticks ([10, R] float64, SNIPPETS order).
+
+  Rounds in which a canary ran slower than its best in the pass by more than 1% (and a
+  TSC step) were disturbed, most often by another thread on the same core, and are
+  left out.
   Among the rest, each snippet's estimate is the mean of the rounds within one TSC step
   of its minimum: undisturbed rounds read the duration rounded down or up to a step,
   depending on the uniform phase of the start, so their mean is unbiased below the
   step, where a minimum would not be.
   """
-  ca, cb = times[SNIPPETS.index("canary_a")], times[SNIPPETS.index("canary_b")]
-  quiet = (ca <= ca.min() * 1.01 + quantum) & (cb <= cb.min() * 1.01 + quantum)
-  if quiet.sum() < 2:  # busy throughout: the canary check in `measure_block` will say so
+  canary_rows = times[2:2 + 2 * len(CANARIES)]
+  quiet = np.all(canary_rows <= canary_rows.min(axis=1, keepdims=True) * 1.01 + quantum, axis=0)
+  if quiet.sum() < 2:  # busy throughout: `Pass.undisturbed` will say so
     quiet = np.ones_like(quiet)
-  est = []
+  est, near = [], []
   for row in times:
     v = row[quiet]
     est.append(v[v <= v.min() + quantum].mean())
-  chain_a, chain_b, canary_a, canary_b, block_a, block_b = est
+    near.append(float(np.mean(row <= v.min() * 1.01 + quantum)))
+  chain_a, chain_b, *canary_ab, block_a, block_b = est
   tsc_per_cycle = (chain_a - chain_b) / ((CHAIN_A - CHAIN_B) * CHAIN_REPEAT)
   if not tsc_per_cycle > 0:
     raise _Disturbed("the calibration chain did not slow down with its length: "
                      f"ticks {chain_a} vs {chain_b}")
   cycles = (block_a - block_b) / ((a - b) * repeat) / tsc_per_cycle
-  canary = (canary_a - canary_b) / ((CANARY_A - CANARY_B) * CANARY_REPEAT) / tsc_per_cycle
-  return Pass(float(cycles), float(canary), float(tsc_per_cycle), int(quiet.sum()))
+  canaries = tuple(float(ca - cb) / ((CANARY_A - CANARY_B) * CANARY_REPEAT) / tsc_per_cycle
+                   for ca, cb in zip(canary_ab[::2], canary_ab[1::2]))
+  return Pass(float(cycles), canaries, float(tsc_per_cycle), int(quiet.sum()), min(near))
 
 
-def measure_block(runner: Runner, hex_bytes: str) -> BlockResult:
-  """Measures one block (already prefiltered) with the runner's configuration."""
-  cfg = runner.config
-  a, b = unroll_factors(len(hex_bytes) // 2)
-  # A short probe: catches faults before any real pass, and sizes the repeat count.
-  probe = runner.time(hex_bytes, a, b, 4, 1)
-  if isinstance(probe, str):
-    return BlockResult(None, error=probe)
-  est = max(probe.cycles, 0.05)
-  repeat = int(min(max(math.ceil(cfg.target_cycles / (b * est)), 1), 10_000))
-  values: list[float] = []
-  contended = 0
-  while len(values) < cfg.passes or (len(values) < cfg.max_passes
-                                     and _spread(values) > cfg.disagree):
-    for attempt in range(cfg.contention_retries + 1):
-      p = runner.time(hex_bytes, a, b, cfg.rounds, repeat)
+class _Block:
+  """A block being measured: its layout and the passes it has so far."""
+
+  def __init__(self, runner: Runner, hex_bytes: str):
+    self.hex = hex_bytes
+    self.a, self.b = unroll_factors(len(hex_bytes) // 2)
+    self.values: list[float] = []
+    self.contended = 0
+    self.deferred = 0
+    self.waited = 0.0  # seconds of pauses for a busy core
+    self.error: str | None = None
+    # A short probe: catches faults before any real pass, and sizes the repeat count.
+    probe = runner.time(hex_bytes, self.a, self.b, 4, 1)
+    if isinstance(probe, str):
+      self.error = probe
+      return
+    est = max(probe.cycles, 0.05)
+    cfg = runner.config
+    self.repeat = int(min(max(math.ceil(cfg.target_cycles / (self.b * est)), 1), 10_000))
+
+  def wants_a_pass(self, cfg: MeasureConfig) -> bool:
+    n = len(self.values)
+    return self.error is None and (
+        n < cfg.passes or (n < cfg.max_passes and _spread(self.values) > cfg.disagree))
+
+  def one_pass(self, runner: Runner) -> None:
+    """Times a pass. A disturbed one is timed again after short pauses (2 ms, doubling)
+    and then deferred to a later sweep, `deferrals` times; at its last chance the pauses
+    go on (up to 0.2 s each) until the block has waited `contention_wait` seconds in
+    all, and only then is a disturbed pass kept, and counted."""
+    cfg = runner.config
+    last_chance = self.deferred >= cfg.deferrals
+    pause, waited = 0.002, 0.0
+    while True:
+      p = runner.time(self.hex, self.a, self.b, cfg.rounds, self.repeat)
       if isinstance(p, str):  # faults now but not in the probe (rare: timing-dependent)
-        return BlockResult(None, error=p)
-      runner.note_canary(p.canary)
-      if p.canary <= runner.quiet_canary * (1 + cfg.contention_tolerance):
+        self.error = p
+        return
+      runner.note(p)
+      runner.passes += 1
+      if p.undisturbed(runner.quiet_canaries, cfg):
         break
-    else:
-      contended += 1  # still busy after the retries: keep the last pass, but say so
-    values.append(100.0 * p.cycles)
-  med = float(np.median(values))
-  return BlockResult(med, _spread(values), None, tuple(values), contended)
+      runner.disturbed += 1
+      if not last_chance and waited + pause > cfg.defer_after:
+        self.deferred += 1
+        return
+      if last_chance and self.waited + pause > cfg.contention_wait:
+        self.contended += 1  # still busy: keep the pass, but say so
+        break
+      time.sleep(pause)
+      waited += pause
+      self.waited += pause
+      pause = min(2 * pause, 0.2)
+    self.values.append(100.0 * p.cycles)
+
+  def result(self) -> BlockResult:
+    if self.error is not None:
+      return BlockResult(None, error=self.error)
+    med = float(np.median(self.values))
+    return BlockResult(med, _spread(self.values), None, tuple(self.values), self.contended)
+
+
+def measure_blocks(runner: Runner, hexes: Sequence[str]) -> Iterator[tuple[int, BlockResult]]:
+  """Measures blocks (already prefiltered) in sweeps; yields (index, result) as each ends.
+
+  A block's passes are spread over time rather than run back to back: each sweep gives
+  every unfinished block of a chunk one pass, so consecutive passes of a block lie a
+  sweep apart (about a second). A busy spell on a shared host lasts up to seconds and
+  can slow a block in ways the canary misses; spread out, it reaches one pass of a
+  block rather than all, and the median sets it aside.
+  """
+  cfg = runner.config
+  for lo in range(0, len(hexes), cfg.chunk):
+    blocks = [_Block(runner, h) for h in hexes[lo:lo + cfg.chunk]]
+    while todo := [blk for blk in blocks if blk.wants_a_pass(cfg)]:
+      for blk in todo:
+        blk.one_pass(runner)
+    for k, blk in enumerate(blocks):
+      yield lo + k, blk.result()
 
 
 def _spread(values: Sequence[float]) -> float:
@@ -347,16 +452,16 @@ def _spread(values: Sequence[float]) -> float:
 
 
 def warm_up(runner: Runner, seconds: float = 0.3) -> None:
-  """Records the canary over a few passes of a trivial block.
+  """Records the canaries over a few passes of a trivial block.
 
-  Contention is judged against the canary of recent passes; a first sample before
+  Contention is judged against the canaries of the run's passes; a first sample before
   the first real block keeps that block from setting the reference alone.
   """
   t0 = time.perf_counter()
   while time.perf_counter() - t0 < seconds:
     p = runner.time("90", 200, 100, runner.config.rounds, 30)
     if isinstance(p, Pass):
-      runner.note_canary(p.canary)
+      runner.note(p)
 
 
 # ---------------------------------------------------------------------------------
@@ -447,7 +552,9 @@ class RunStats:
   resumed: int = 0
   rejected: dict[str, int] = dataclasses.field(default_factory=dict)
   seconds: float = 0.0  # time spent measuring (prefiltering excluded)
-  contended_passes: int = 0
+  contended_passes: int = 0  # disturbed passes kept (a block's last chance)
+  passes: int = 0            # passes timed, disturbed ones included
+  disturbed_passes: int = 0  # passes timed again because the core was busy
 
   @property
   def rate(self) -> float:
@@ -499,8 +606,9 @@ def measure_hexes(hexes: Sequence[str | None], config: MeasureConfig = MeasureCo
         warm_up(runner)
         bar = _bar(len(to_time)) if progress else None
         t0 = time.perf_counter()
-        for i in to_time:
-          results[i] = measure_block(runner, hexes[i])
+        for k, result in measure_blocks(runner, [hexes[i] for i in to_time]):
+          i = to_time[k]
+          results[i] = result
           stats.measured += 1
           stats.contended_passes += results[i].contended
           if log is not None:
@@ -510,6 +618,7 @@ def measure_hexes(hexes: Sequence[str | None], config: MeasureConfig = MeasureCo
           if bar is not None:
             bar.update(1)
         stats.seconds = time.perf_counter() - t0
+        stats.passes, stats.disturbed_passes = runner.passes, runner.disturbed
         if bar is not None:
           bar.close()
   finally:

@@ -8,14 +8,15 @@
 //
 // Request:  <hex> <a> <b> <rounds> <max_pages> <repeat>
 // Answer:   ok <pages> <quantum> <rounds> then rounds TSC durations of each snippet in
-//           turn (chain_a, chain_b, canary_a, canary_b, block_a, block_b); quantum is
-//           the TSC's step. Or:
+//           turn (chain_a, chain_b, then each canary's a and b: alu, load, store, then
+//           block_a, block_b); quantum is the TSC's step. Or:
 //           err <reason> <detail...>
 //
-// The child lays out six snippets in executable memory: the block unrolled a and b
-// times, a 1-cycle-per-instruction `add %rbx,%rax` chain (the clock calibration: the TSC is not
-// the core clock) and an ALU-throughput canary (it slows down when the core is
-// shared), each unrolled two ways so that the fixed timing overhead cancels in the
+// The child lays out ten snippets in executable memory: the block unrolled a and b
+// times, a 1-cycle-per-instruction `add %rbx,%rax` chain (the clock calibration: the
+// TSC is not the core clock) and three canaries bound by the ALUs, the load pipes and
+// the store pipes (one of them slows down when another thread shares the core and
+// that unit), each unrolled two ways so that the fixed timing overhead cancels in the
 // difference. Every round times each snippet once after an untimed warm run, in
 // interleaved order, so the core clock each sees is the same. Between its two TSC reads
 // a snippet runs `repeat` times, each time behind a fence and from fresh registers:
@@ -48,7 +49,7 @@
 #define CANARY_A 200
 #define CANARY_B 100
 #define CHAIN_REPEAT 6
-#define CANARY_REPEAT 15
+#define CANARY_REPEAT 10
 #define MAX_ROUNDS 1024
 #define STACK_SIZE (1UL << 20)
 // Fixed addresses for the code (after its control page) and the block's stack. With
@@ -59,7 +60,8 @@
 #define STACK_BASE 0x510000000000ULL
 #define TIMEOUT_S 10
 
-enum { SN_CHAIN_A, SN_CHAIN_B, SN_CANARY_A, SN_CANARY_B, SN_BLOCK_A, SN_BLOCK_B, N_SNIPPETS };
+enum { SN_CHAIN_A, SN_CHAIN_B, SN_ALU_A, SN_ALU_B, SN_LOAD_A, SN_LOAD_B, SN_STORE_A, SN_STORE_B,
+       SN_BLOCK_A, SN_BLOCK_B, N_SNIPPETS };
 
 // What a child hands back through memory shared with the server.
 struct result {
@@ -354,16 +356,28 @@ static void measure(const uint8_t *block, size_t len, int a, int b, int rounds, 
   // The clock: a register-register add chain. Not `add $1,%rax`: some Intel cores fold
   // chains of immediate adds at rename and run them several per cycle (seen: 5x).
   static const uint8_t add_rax_rbx[] = {0x48, 0x01, 0xd8};  // add %rbx,%rax
-  // Eight independent adds: bound by the integer ALUs, so a core shared with another
-  // thread (SMT) runs it measurably slower while the latency chain does not notice.
-  static const uint8_t canary[] = {0x48, 0x83, 0xc0, 0x01, 0x48, 0x83, 0xc3, 0x01,
-                                   0x48, 0x83, 0xc1, 0x01, 0x48, 0x83, 0xc2, 0x01,
-                                   0x48, 0x83, 0xc6, 0x01, 0x48, 0x83, 0xc7, 0x01,
-                                   0x49, 0x83, 0xc0, 0x01, 0x49, 0x83, 0xc1, 0x01};
-  const uint8_t *bodies[N_SNIPPETS] = {add_rax_rbx, add_rax_rbx, canary, canary, block, block};
-  size_t lens[N_SNIPPETS] = {sizeof add_rax_rbx, sizeof add_rax_rbx, sizeof canary, sizeof canary, len, len};
-  size_t counts[N_SNIPPETS] = {CHAIN_A, CHAIN_B, CANARY_A, CANARY_B, (size_t)a, (size_t)b};
+  // Canaries, each bound by one kind of unit, so a core shared with another thread
+  // (SMT) runs one of them measurably slower while the latency chain does not notice:
+  // eight independent adds (ALUs), eight independent loads of %rax's address (load
+  // pipes), four stores of %rax to %rbx's line (store pipes; they write the value the
+  // scratch memory already holds).
+  static const uint8_t alu[] = {0x48, 0x83, 0xc0, 0x01, 0x48, 0x83, 0xc3, 0x01,
+                                0x48, 0x83, 0xc1, 0x01, 0x48, 0x83, 0xc2, 0x01,
+                                0x48, 0x83, 0xc6, 0x01, 0x48, 0x83, 0xc7, 0x01,
+                                0x49, 0x83, 0xc0, 0x01, 0x49, 0x83, 0xc1, 0x01};
+  static const uint8_t load[] = {0x48, 0x8b, 0x18, 0x48, 0x8b, 0x08, 0x48, 0x8b,
+                                 0x10, 0x48, 0x8b, 0x30, 0x48, 0x8b, 0x38, 0x4c,
+                                 0x8b, 0x00, 0x4c, 0x8b, 0x08, 0x4c, 0x8b, 0x10};
+  static const uint8_t store[] = {0x48, 0x89, 0x03, 0x48, 0x89, 0x43, 0x08, 0x48,
+                                  0x89, 0x43, 0x10, 0x48, 0x89, 0x43, 0x18};
+  const uint8_t *bodies[N_SNIPPETS] = {add_rax_rbx, add_rax_rbx, alu, alu, load, load,
+                                       store, store, block, block};
+  size_t lens[N_SNIPPETS] = {sizeof add_rax_rbx, sizeof add_rax_rbx, sizeof alu, sizeof alu,
+                             sizeof load, sizeof load, sizeof store, sizeof store, len, len};
+  size_t counts[N_SNIPPETS] = {CHAIN_A, CHAIN_B, CANARY_A, CANARY_B, CANARY_A, CANARY_B,
+                               CANARY_A, CANARY_B, (size_t)a, (size_t)b};
   uint64_t repeats[N_SNIPPETS] = {CHAIN_REPEAT, CHAIN_REPEAT, CANARY_REPEAT, CANARY_REPEAT,
+                                  CANARY_REPEAT, CANARY_REPEAT, CANARY_REPEAT, CANARY_REPEAT,
                                   (uint64_t)repeat, (uint64_t)repeat};
   size_t offsets[N_SNIPPETS], total = 0;
   for (int s = 0; s < N_SNIPPETS; s++) {

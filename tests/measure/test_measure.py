@@ -45,12 +45,16 @@ def test_latency_chains_measure_their_latency(checks, name):
 
 
 def test_core_specific_checks_where_the_core_is_known(checks):
+  # Port-bound blocks slow down when another thread shares the core's units (a cloud
+  # host's neighbour on the other hardware thread), which user space cannot prevent;
+  # the harness must then say so. A value it gives without that warning must be right.
   results, cpu = checks
   if core_name(cpu) is None:
     pytest.skip(f"no expectations for this core: {cpu}")
-  for r in results.values():
-    if r.expected is None:
-      continue
+  clean = [r for r in results.values() if r.expected is not None and not r.contended]
+  if not clean:
+    pytest.skip("the core was busy throughout: every check kept disturbed passes")
+  for r in clean:
     tol = CHAIN_RTOL if "chain" in r.check.name else PORT_RTOL
     assert r.measured == pytest.approx(r.expected, rel=tol), r.check.name
 
