@@ -24,6 +24,7 @@ block without, say, a microcode assist.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -95,7 +96,8 @@ class MeasureConfig:
       and counted in `BlockResult.contended`.
     contention_wait: seconds of pauses a block may spend waiting for a quiet core.
     chunk: blocks measured together in sweeps (each sweep gives every unfinished block
-      one pass), so that a block's passes lie about a second apart.
+      one pass), so that a block's passes are spread in time; an interrupted run
+      loses at most the chunk it was measuring.
     cpu: the core to pin the runner to (default: the last one this process may use).
   """
 
@@ -110,7 +112,7 @@ class MeasureConfig:
   defer_after: float = 0.03
   deferrals: int = 3
   contention_wait: float = 0.2
-  chunk: int = 512
+  chunk: int = 128
   cpu: int | None = None
 
   @classmethod
@@ -253,12 +255,29 @@ class Runner:
                                   stdout=subprocess.PIPE, text=True, bufsize=1)
     self._canaries: list[tuple[float, ...]] = []  # each pass's canaries, this run
     self.passes = self.disturbed = 0   # timed passes of blocks, and how many were disturbed
+    self._recent: collections.deque[bool] = collections.deque(maxlen=256)  # disturbed?
 
   def note(self, p: Pass) -> None:
     """Records a pass's canaries, for `quiet_canaries`."""
     self._canaries.append(p.canaries)
     if len(self._canaries) > 20_000:
       del self._canaries[:10_000]
+
+  def judge(self, p: Pass) -> bool:
+    """Records a block's pass, and whether it was undisturbed (`Pass.undisturbed`)."""
+    self.note(p)
+    quiet = p.undisturbed(self.quiet_canaries, self.config)
+    self.passes += 1
+    self.disturbed += not quiet
+    self._recent.append(not quiet)
+    return quiet
+
+  @property
+  def busy_host(self) -> bool:
+    """Nearly every recent pass was disturbed: a busy spell that waiting will not end
+    soon (a neighbour on the host's other hardware thread, say). Blocks then keep their
+    disturbed passes at once, flagged, instead of each waiting its budget out."""
+    return len(self._recent) == self._recent.maxlen and sum(self._recent) > 0.9 * len(self._recent)
 
   @property
   def quiet_canaries(self) -> np.ndarray:
@@ -401,11 +420,11 @@ class _Block:
       if isinstance(p, str):  # faults now but not in the probe (rare: timing-dependent)
         self.error = p
         return
-      runner.note(p)
-      runner.passes += 1
-      if p.undisturbed(runner.quiet_canaries, cfg):
+      if runner.judge(p):
         break
-      runner.disturbed += 1
+      if runner.busy_host:
+        self.contended += 1
+        break
       if not last_chance and waited + pause > cfg.defer_after:
         self.deferred += 1
         return
@@ -425,21 +444,27 @@ class _Block:
     return BlockResult(med, _spread(self.values), None, tuple(self.values), self.contended)
 
 
-def measure_blocks(runner: Runner, hexes: Sequence[str]) -> Iterator[tuple[int, BlockResult]]:
-  """Measures blocks (already prefiltered) in sweeps; yields (index, result) as each ends.
+def measure_blocks(runner: Runner, hexes: Sequence[str], *,
+                   on_pass: Callable[[], None] | None = None,
+                   ) -> Iterator[tuple[int, BlockResult]]:
+  """Measures blocks (already prefiltered) in sweeps; yields (index, result) as each ends,
+  and calls `on_pass` after each of a block's first `passes` passes (for progress).
 
   A block's passes are spread over time rather than run back to back: each sweep gives
   every unfinished block of a chunk one pass, so consecutive passes of a block lie a
-  sweep apart (about a second). A busy spell on a shared host lasts up to seconds and
-  can slow a block in ways the canary misses; spread out, it reaches one pass of a
-  block rather than all, and the median sets it aside.
+  sweep apart (a fraction of a second, longer when the core is busy). A busy spell on
+  a shared host can slow a block in ways the canaries miss; spread out, it reaches one
+  pass of a block rather than all, and the median sets it aside.
   """
   cfg = runner.config
   for lo in range(0, len(hexes), cfg.chunk):
     blocks = [_Block(runner, h) for h in hexes[lo:lo + cfg.chunk]]
     while todo := [blk for blk in blocks if blk.wants_a_pass(cfg)]:
       for blk in todo:
+        kept = len(blk.values)
         blk.one_pass(runner)
+        if on_pass is not None and kept < len(blk.values) <= cfg.passes:
+          on_pass()
     for k, blk in enumerate(blocks):
       yield lo + k, blk.result()
 
@@ -604,9 +629,12 @@ def measure_hexes(hexes: Sequence[str | None], config: MeasureConfig = MeasureCo
     if to_time:
       with Runner(config) as runner:
         warm_up(runner)
-        bar = _bar(len(to_time)) if progress else None
+        # Progress in passes: a block's come in separate sweeps, and a busy core makes
+        # them slow to come at all.
+        bar = _bar(len(to_time) * config.passes) if progress else None
         t0 = time.perf_counter()
-        for k, result in measure_blocks(runner, [hexes[i] for i in to_time]):
+        for k, result in measure_blocks(runner, [hexes[i] for i in to_time],
+                                        on_pass=bar.update if bar is not None else None):
           i = to_time[k]
           results[i] = result
           stats.measured += 1
@@ -615,8 +643,6 @@ def measure_hexes(hexes: Sequence[str | None], config: MeasureConfig = MeasureCo
             log.add(i, hexes[i], results[i])
           if on_result is not None:
             on_result(i, results[i])
-          if bar is not None:
-            bar.update(1)
         stats.seconds = time.perf_counter() - t0
         stats.passes, stats.disturbed_passes = runner.passes, runner.disturbed
         if bar is not None:
@@ -633,4 +659,4 @@ def measure_hexes(hexes: Sequence[str | None], config: MeasureConfig = MeasureCo
 def _bar(total: int):
   from tqdm.auto import tqdm
 
-  return tqdm(total=total, desc="measure", unit="block", leave=False)
+  return tqdm(total=total, desc="measure", unit="pass", leave=False)

@@ -99,6 +99,7 @@ def test_transfer_control_follows_the_training_ranking(axpy_haswell):
   assert t.evaluations >= int(axpy_haswell.valid.sum()) - 5
 
 
+@pytest.mark.slow  # ~70 s of compilation on 2 cores; the CLI tests take the same path
 def test_simulating_on_demand_agrees_with_the_enumeration(axpy_haswell):
   # Objective(table=...) simulates per bucket (the CLI's path); the enumeration runs one
   # sweep at the longest length. The two must give the same costs and the same failures.

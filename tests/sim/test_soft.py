@@ -50,9 +50,10 @@ def blocks():
   return [b for b in decoded if not isinstance(b, Exception) and len(b.instrs) <= 8][:64]
 
 
-# skylake's table shares haswell's layout and most of its numbers: slow suite only.
-@pytest.mark.parametrize("cpu", ["haswell", pytest.param("skylake", marks=pytest.mark.slow),
-                                 "znver3"])
+# skylake's table shares haswell's layout and most of its numbers, and haswell's layout
+# is replayed by the gradient tests below: both in the slow suite only.
+@pytest.mark.parametrize("cpu", [pytest.param("haswell", marks=pytest.mark.slow),
+                                 pytest.param("skylake", marks=pytest.mark.slow), "znver3"])
 def test_replay_at_zero_temperature_is_the_hard_simulator(cpu, blocks):
   """Every modelled constraint is a true lower bound of the hard schedule (no negative
   slack), and at tau = 0 the replay gives the hard cycle counts exactly."""
