@@ -89,18 +89,16 @@ def main() -> int:
   first, s1 = measure_hexes(hexes, config, progress=args.progress)
   wall1 = time.perf_counter() - t0
   second, s2 = measure_hexes(hexes, config, progress=args.progress)
-  both = [(a.cycles, b.cycles) for a, b in zip(first, second)
+  both = [(a, b) for a, b in zip(first, second)
           if a.cycles is not None and b.cycles is not None and a.cycles > 0 and b.cycles > 0]
-  x = np.array(both, np.float64).reshape(-1, 2)
+  x = np.array([(a.cycles, b.cycles) for a, b in both], np.float64).reshape(-1, 2)
   rel = np.abs(x[:, 0] - x[:, 1]) / np.minimum(x[:, 0], x[:, 1])
   print(f"  measured in both runs  {len(x)}")
   if len(x):
     q = np.percentile(rel, [50, 90, 99])
     print(f"  relative difference    median {_pct(q[0])}, p90 {_pct(q[1])}, p99 {_pct(q[2])}")
     print(f"  differ by more than 5% {_pct(float(np.mean(rel > 0.05)))}")
-    steady = np.array([a.spread <= 0.03 and b.spread <= 0.03 for a, b in zip(first, second)
-                       if a.cycles is not None and b.cycles is not None
-                       and a.cycles > 0 and b.cycles > 0])
+    steady = np.array([a.spread <= 0.03 and b.spread <= 0.03 for a, b in both])
     if steady.any():
       q = np.percentile(rel[steady], [50, 90, 99])
       print(f"  passes agreed (<= 3%)  {steady.sum()} blocks: median {_pct(q[0])}, p90 "

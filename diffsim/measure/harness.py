@@ -10,9 +10,9 @@ definition: 100 (L_a - L_b) / (a - b). It follows the method of the harness behi
   `add` chain timed in the same rounds calibrates every pass.
 - Canaries bound by the ALUs, the load pipes and the store pipes are timed in the same
   rounds too. Rounds in which one runs slow are left out. A pass with a canary still
-  slower than on a quiet core (a low percentile of the run's passes), or whose
-  snippets rarely repeat their fastest time, was disturbed: it is repeated after short pauses, then
-  deferred to a later sweep. On a shared host (a cloud VM) the core's other hardware
+  slower than on a quiet core (the lowest speed several of the run's passes share), or
+  whose snippets rarely repeat their fastest time, was disturbed: it is repeated after
+  short pauses, then deferred to a later sweep. On a shared host (a cloud VM) the core's other hardware
   thread can stay busy for seconds, and what is timed meanwhile reads 10-60% off.
 - Several passes, each in its own forked child and spread over time (blocks are
   measured in sweeps: one pass per block per sweep); more when they disagree; the value
@@ -254,14 +254,24 @@ class Runner:
     self._proc = subprocess.Popen([str(exe), "--cpu", str(cpu)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, bufsize=1)
     self._canaries: list[tuple[float, ...]] = []  # each pass's canaries, this run
+    self._sorted = [np.empty(0) for _ in CANARIES]  # the same, each canary sorted
     self.passes = self.disturbed = 0   # timed passes of blocks, and how many were disturbed
     self._recent: collections.deque[bool] = collections.deque(maxlen=256)  # disturbed?
 
   def note(self, p: Pass) -> None:
-    """Records a pass's canaries, for `quiet_canaries`."""
+    """Records a pass's canaries, for `quiet_canaries` (kept sorted as they come: the
+    reference is read after every pass, and sorting a long run's history each time
+    would cost more than the pass)."""
     self._canaries.append(p.canaries)
     if len(self._canaries) > 20_000:
       del self._canaries[:10_000]
+      history = np.array(self._canaries)
+      self._sorted = [np.sort(column[np.isfinite(column)]) for column in history.T]
+      return
+    for k, value in enumerate(p.canaries):
+      if math.isfinite(value):
+        x = self._sorted[k]
+        self._sorted[k] = np.insert(x, np.searchsorted(x, value), value)
 
   def judge(self, p: Pass) -> bool:
     """Records a block's pass, and whether it was undisturbed (`Pass.undisturbed`)."""
@@ -290,8 +300,7 @@ class Runner:
     low percentile is not). Not the minimum: a pass whose calibration went wrong can
     read absurdly low, and would make every later pass look contended.
     """
-    history = np.array(self._canaries).reshape(-1, len(CANARIES))
-    return np.array([_lowest_cluster(column) for column in history.T])
+    return np.array([_lowest_cluster_sorted(x) for x in self._sorted])
 
   def close(self) -> None:
     if self._proc.poll() is None:
@@ -345,10 +354,21 @@ def _lowest_cluster(values: np.ndarray, k: int = 5, width: float = 0.015) -> flo
   >>> _lowest_cluster(np.array([0.4, 2.0, 2.01, 2.0, 2.02, 2.0, 3.1, 3.3]))
   2.0
   """
-  x = np.sort(values[np.isfinite(values)])
-  ends = np.searchsorted(x, x * (1 + width), side="right")
-  dense = np.flatnonzero(ends - np.arange(len(x)) >= k)
-  return float(x[dense[0]]) if len(dense) else math.inf
+  return _lowest_cluster_sorted(np.sort(values[np.isfinite(values)]), k, width)
+
+
+def _lowest_cluster_sorted(x: np.ndarray, k: int = 5, width: float = 0.015) -> float:
+  """`_lowest_cluster` of finite values already sorted. It looks at the lowest values
+  first, in growing groups, since the cluster is almost always among them."""
+  start, step = 0, 64
+  while start < len(x):
+    low = x[start:start + step]
+    ends = np.searchsorted(x, low * (1 + width), side="right")
+    dense = np.flatnonzero(ends - np.arange(start, start + len(low)) >= k)
+    if len(dense):
+      return float(low[dense[0]])
+    start, step = start + step, 2 * step
+  return math.inf
 
 
 def _pass_from_times(times: np.ndarray, quantum: int, a: int, b: int, repeat: int) -> Pass:
@@ -362,7 +382,7 @@ def _pass_from_times(times: np.ndarray, quantum: int, a: int, b: int, repeat: in
   depending on the uniform phase of the start, so their mean is unbiased below the
   step, where a minimum would not be.
   """
-  canary_rows = times[2:2 + 2 * len(CANARIES)]
+  canary_rows = times[SNIPPETS.index(f"{CANARIES[0]}_a"):SNIPPETS.index("block_a")]
   quiet = np.all(canary_rows <= canary_rows.min(axis=1, keepdims=True) * 1.01 + quantum, axis=0)
   if quiet.sum() < 2:  # busy throughout: `Pass.undisturbed` will say so
     quiet = np.ones_like(quiet)
