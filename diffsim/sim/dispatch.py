@@ -158,6 +158,7 @@ def _write(state: State, facts: Facts, first, count) -> State:
       pending=state.pending.at[slot].set(jnp.sum(waits, axis=-1).astype(jnp.int32),
                                          mode="drop"),
       users=users,
+      index=state.index.at[slot].set(c, mode="drop"),
       latency=state.latency.at[slot].set(facts.max_latency[c], mode="drop"),
       flags=state.flags.at[slot].set(flags.astype(jnp.int32), mode="drop"),
       rob_cost=state.rob_cost.at[slot].set(facts.rob_cost[c], mode="drop"),

@@ -36,6 +36,8 @@ class Facts:
   dep_first: jax.Array  # [L, D] int32: the edge holds for the consumer's iterations
   dep_last: jax.Array  # [L, D] int32:   dep_first <= k < dep_last (encode.ALWAYS: no end)
   use_off: jax.Array  # [L, C] int32: dynamic distance forward to the consumer
+  use_dst: jax.Array  # [L, C] int32: the consumer's static index
+  use_it: jax.Array  # [L, C] int32: iterations forward to the consumer
   use_w: jax.Array  # [L, C] int32: the edge's weight, as dep_w
   use_on: jax.Array  # [L, C] bool
   use_first: jax.Array  # [L, C] int32: the edge's dep_first / dep_last
@@ -177,6 +179,7 @@ def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBa
       n=n, uops=uops, rob_cost=jnp.maximum(1, jnp.minimum(uops, rob)),
       max_latency=max_latency, zero_latency=zero_latency,
       dep_off=dep_off, dep_w=dep_w, dep_on=dep_on, use_off=use_off, use_w=use_w, use_on=use_on,
+      use_dst=dst, use_it=blocks.use_dist,
       dep_first=blocks.dep_first, dep_last=blocks.dep_last, settle=settle,
       use_first=blocks.dep_first[dst, blocks.use_edge], use_last=blocks.dep_last[dst, blocks.use_edge],
       unit_cycles=unit_cycles, unit_mask=unit_mask, dunit=dunit, dunit_cycles=dunit_cycles,

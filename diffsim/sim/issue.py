@@ -187,7 +187,7 @@ def _round(state: State, facts: Facts, members, tried):
   res = (state.busy_until, None, None, state.reserved_until)
   free_now = jax.vmap(lambda row: can_take(res, row, members, t))(
       {name: getattr(facts, name) for name in _ROW})
-  ready = waiting & mem_ok & free_now[jnp.mod(dyn, facts.n)]
+  ready = waiting & mem_ok & free_now[state.index]
   # A store needs every older memory operation issued. One that waits on an older
   # operation that cannot issue this cycle is no candidate; the rest are checked
   # exactly in the scan below.
@@ -198,7 +198,7 @@ def _round(state: State, facts: Facts, members, tried):
   key = jnp.where(cand, (pos - state.users + 8192) * 1024 + pos, jnp.iinfo(jnp.int32).max)
   slots, valid = _best(key, K)
   dyn_k = dyn[slots]
-  c_k = jnp.mod(dyn_k, facts.n)
+  c_k = state.index[slots]
   store_k = store[slots]
   mem_k = (facts.may_load[c_k] | facts.may_store[c_k])
   older = jnp.sum(unissued[None, :] & is_mem[None, :] & (dyn[None, :] < dyn_k[:, None]),
@@ -210,14 +210,14 @@ def _round(state: State, facts: Facts, members, tried):
   # with enough read-advance, a store whose older memory operations have now all
   # issued); llvm-mca then picks the best ready one again, so the scan stops there.
   q_dyn = dyn_k[:, None] + facts.use_off[c_k]  # [K, C]: each candidate's readers
-  q_it = q_dyn // facts.n  # the edge may hold only from some iteration on (encode)
-  linked = (facts.use_on[c_k] & (q_dyn < state.next) & (q_it >= facts.use_first[c_k])
-            & (q_it < facts.use_last[c_k]))
+  q_it = (dyn_k // facts.n)[:, None] + facts.use_it[c_k]  # the edge may hold only from
+  linked = (facts.use_on[c_k] & (q_dyn < state.next)  # some iteration on (encode)
+            & (q_it >= facts.use_first[c_k]) & (q_it < facts.use_last[c_k]))
   q_slot = jnp.mod(q_dyn, W)
   # A reader it may make ready at once: linked by a zero-weight edge, still waiting on
   # a producer, its other operands ready and its resources free at the round's start.
   may_wake = (linked & (facts.use_w[c_k] == 0) & (state.pending[q_slot] > 0)
-              & (state.ready_t[q_slot] <= t) & free_now[jnp.mod(q_dyn, facts.n)])
+              & (state.ready_t[q_slot] <= t) & free_now[facts.use_dst[c_k]])
   wakes_k = jnp.any(may_wake, axis=-1) | (mem_k & jnp.any(store & cand))
 
   record = state.trace.shape[0] > 0  # static: keep the schedule's decisions

@@ -113,7 +113,8 @@ def shift(state: State, periods, dt, di) -> State:
       busy_until=state.busy_until + dcyc, reserved_until=state.reserved_until + dcyc,
       last_user=jnp.where(state.last_user >= 0, state.last_user + ddyn, -1),
       issue_t=roll(later(state.issue_t)), ready_t=roll(state.ready_t + dcyc),
-      pending=roll(state.pending), users=roll(state.users), latency=roll(state.latency),
+      pending=roll(state.pending), users=roll(state.users), index=roll(state.index),
+      latency=roll(state.latency),
       flags=roll(state.flags), rob_cost=roll(state.rob_cost),
       prf_cost=jnp.roll(state.prf_cost, jnp.mod(ddyn, W), axis=0))
 

@@ -56,6 +56,8 @@ class State:
   ready_t: jax.Array  # [W] int32: cycle all register operands are ready (known ones)
   pending: jax.Array  # [W] int32: producers not yet issued
   users: jax.Array  # [W] int32: dispatched reads waiting on this instruction
+  index: jax.Array  # [W] int32: the instruction's static index (dynamic index mod n,
+  #                   stored so that per-cycle code never divides)
   latency: jax.Array  # [W] int32: the instruction's MaxLatency (copied at dispatch, so
   #                     per-cycle code never gathers static facts onto the window)
   flags: jax.Array  # [W] int32: MEM_* bits of the instruction
@@ -83,7 +85,8 @@ def init(total, num_units: int, group_members, num_resources: int, num_files: in
       seq=members, skip=jnp.zeros_like(members),
       issue_t=jnp.full(window, BIG, jnp.int32), ready_t=jnp.zeros(window, jnp.int32),
       pending=jnp.zeros(window, jnp.int32), users=jnp.zeros(window, jnp.int32),
-      latency=jnp.zeros(window, jnp.int32), flags=jnp.zeros(window, jnp.int32),
+      index=jnp.zeros(window, jnp.int32), latency=jnp.zeros(window, jnp.int32),
+      flags=jnp.zeros(window, jnp.int32),
       rob_cost=jnp.zeros(window, jnp.int32),
       prf_cost=jnp.zeros((window, num_files), jnp.int32),
       overflow=jnp.zeros((), bool), issued=z, why=z,
