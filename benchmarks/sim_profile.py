@@ -33,7 +33,8 @@ ap.add_argument("--lengths", default="5-8", help="block lengths, LO-HI instructi
 ap.add_argument("--top", type=int, default=30)
 ARGS = ap.parse_args()
 WORK = tempfile.mkdtemp(prefix="sim_profile_")
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=1"
                            f" --xla_dump_to={WORK}/hlo --xla_dump_hlo_as_text")
 
 import jax  # noqa: E402
@@ -155,7 +156,8 @@ def main():
   kernels_by_runs = collections.Counter()
   for name, us in total.items():
     where = collections.Counter(sources.get(name, []))
-    f, fn, line = where.most_common(1)[0][0] if where else ("(no source line: copies of loop carries)", "", 0)
+    unplaced = ("(no source line: copies of loop carries)", "", 0)
+    f, fn, line = where.most_common(1)[0][0] if where else unplaced
     by_file[f] += us
     by_line[f"{f}:{line} {fn}"] += us
     by_runs[runs[name]] += us
