@@ -23,6 +23,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 
@@ -48,8 +49,7 @@ from diffsim.isa.encode import BUCKETS, encode, renaming_for  # noqa: E402
 from diffsim.params.table import load_table  # noqa: E402
 from diffsim.sim import simulate  # noqa: E402
 
-STAGES = ("issue.py", "dispatch.py", "retire.py", "pipeline.py", "period.py", "state.py",
-          "facts.py")
+STAGES = ("issue.py", "dispatch.py", "retire.py", "pipeline.py", "period.py", "facts.py")
 SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
 
@@ -93,7 +93,7 @@ def source_of_kernels(hlo_path: str):
     while frame in frames and frame not in seen:
       seen.add(frame)
       loc, frame = frames[frame]
-      if locs[loc][0] in STAGES and locs[loc][0] != "state.py":
+      if locs[loc][0] in STAGES:  # state.py's helpers count for their caller
         return locs[loc]
     return None
 
@@ -125,6 +125,13 @@ def share_table(title: str, totals: collections.Counter, top: int):
 
 
 def main():
+  try:
+    return report()
+  finally:
+    shutil.rmtree(WORK, ignore_errors=True)  # the trace and HLO dumps: hundreds of MB
+
+
+def report():
   table = load_table(ARGS.cpu)
   lo, hi = map(int, ARGS.lengths.split("-"))
   hexes, source = sample_hexes(20 * ARGS.n)
@@ -153,7 +160,7 @@ def main():
             key=os.path.getsize)
   sources = source_of_kernels(hlo)
   by_file, by_line, by_runs = (collections.Counter() for _ in range(3))
-  kernels_by_runs = collections.Counter()
+  kernels_by_runs, retire_runs = collections.Counter(), collections.Counter()
   for name, us in total.items():
     where = collections.Counter(sources.get(name, []))
     unplaced = ("(no source line: copies of loop carries)", "", 0)
@@ -162,9 +169,10 @@ def main():
     by_line[f"{f}:{line} {fn}"] += us
     by_runs[runs[name]] += us
     kernels_by_runs[runs[name]] += 1
-  # The class of kernels that run once per simulated cycle is the one with most kernels
-  # among those run a few hundred times or more; rounds and resource steps run more.
-  per_cycle = max((r for r in kernels_by_runs if r > 50), key=lambda r: kernels_by_runs[r])
+    if f == "retire.py":
+      retire_runs[runs[name]] += 1
+  # The retire stage runs exactly once per simulated cycle.
+  per_cycle = retire_runs.most_common(1)[0][0]
   events = sum(runs.values())
   print(f"# simulate profile: {len(runnable)} blocks of {lo}-{hi} instructions ({source}), "
         f"{ARGS.cpu}, 100 iterations, 1 device; {per_cycle} batched cycles traced, "

@@ -209,10 +209,12 @@ def _round(state: State, facts: Facts, members, tried):
   # Issuing either may make another instruction ready in this same cycle (a reader
   # with enough read-advance, a store whose older memory operations have now all
   # issued); llvm-mca then picks the best ready one again, so the scan stops there.
-  q_dyn = dyn_k[:, None] + facts.use_off[c_k]  # [K, C]: each candidate's readers
-  q_it = (dyn_k // facts.n)[:, None] + facts.use_it[c_k]  # the edge may hold only from
-  linked = (facts.use_on[c_k] & (q_dyn < state.next)  # some iteration on (encode)
-            & (q_it >= facts.use_first[c_k]) & (q_it < facts.use_last[c_k]))
+  # Each candidate's readers [K, C], and their iterations: an edge may hold only from
+  # some iteration on (encode).
+  q_dyn = dyn_k[:, None] + facts.use_off[c_k]
+  q_it = (dyn_k // facts.n)[:, None] + facts.use_it[c_k]
+  linked = (facts.use_on[c_k] & (q_dyn < state.next) & (q_it >= facts.use_first[c_k])
+            & (q_it < facts.use_last[c_k]))
   q_slot = jnp.mod(q_dyn, W)
   # A reader it may make ready at once: linked by a zero-weight edge, still waiting on
   # a producer, its other operands ready and its resources free at the round's start.

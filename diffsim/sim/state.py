@@ -57,7 +57,7 @@ class State:
   pending: jax.Array  # [W] int32: producers not yet issued
   users: jax.Array  # [W] int32: dispatched reads waiting on this instruction
   index: jax.Array  # [W] int32: the instruction's static index (dynamic index mod n,
-  #                   stored so that per-cycle code never divides)
+  #                   stored so that the issue rounds never divide over the window)
   latency: jax.Array  # [W] int32: the instruction's MaxLatency (copied at dispatch, so
   #                     per-cycle code never gathers static facts onto the window)
   flags: jax.Array  # [W] int32: MEM_* bits of the instruction
