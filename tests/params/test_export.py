@@ -43,7 +43,9 @@ def test_round_trip_is_exact(cpu):
 def test_round_trip_simulates_the_same():
   t = load_table("znver3")
   ds = load_csv(shipped("mca-small.csv"))
-  blocks = decode_blocks(list(ds.hex[:50]))
+  # Blocks of one length bucket: one compilation, shared by both tables.
+  blocks = [b for b in decode_blocks(list(ds.hex[:100]))
+            if not isinstance(b, Exception) and len(b.instrs) <= 8][:50]
   u = from_json(to_json(t))
   a, b = simulate_blocks(t, blocks), simulate_blocks(u, blocks)
   assert sum(p.cycles is not None for p in a) >= 40

@@ -11,28 +11,23 @@ from diffsim.data import shipped
 from diffsim.isa import decode_blocks, parse_asm
 from diffsim.isa.encode import encode, renaming_for
 from diffsim.params.table import load_table
-from diffsim.sim import soft
-from diffsim.sim.api import window_for
-from diffsim.sim.facts import gather
-from diffsim.sim.pipeline import run_block
+from diffsim.sim import simulate, soft
+from diffsim.sim.api import record_schedules, window_for
 
 ITS = 16
 
 
 def _record(table, batch, iterations=ITS):
-  """Hard runs with a trace (and the plain fast-forwarded cycle counts)."""
-  members = jnp.asarray(table.layout.group_members, jnp.int32)
-  W = window_for(np.asarray(table.params.rob_size))
-  T = batch.opcode.shape[1] * iterations
+  """Hard runs that keep their schedules: (cycles [B], overflow [B], traces [B, T, C]).
 
-  def one(block, fast):
-    f = gather(table.params, table.structure, table.layout, block)
-    return run_block(f, table.params, members, iterations, window=W, max_cycles=1 << 20,
-                     fast_forward=fast, trace=0 if fast else T)
-
-  traced = jax.jit(jax.vmap(lambda b: one(b, False)))(batch)
-  plain = jax.jit(jax.vmap(lambda b: one(b, True)))(batch)
-  return traced, plain
+  Through the public `record_schedules`, which takes the table's numbers as arguments:
+  tables of one layout and window share one compiled program.
+  """
+  B, L = batch.opcode.shape
+  return record_schedules(table.params, table.structure, table.layout, batch,
+                          np.full(B, iterations, np.int32),
+                          window=window_for(np.asarray(table.params.rob_size)),
+                          dynamic=L * iterations)
 
 
 def _soft(table, batch, traces, tau, params=None, straight_through=False):
@@ -59,7 +54,8 @@ def test_replay_at_zero_temperature_is_the_hard_simulator(cpu, blocks):
   slack), and at tau = 0 the replay gives the hard cycle counts exactly."""
   table = load_table(cpu)
   batch = encode(blocks, table.layout.index, length=8, renaming=renaming_for(table))
-  (cycles, _, traces), (plain, _) = _record(table, batch)
+  cycles, _, traces = _record(table, batch)
+  plain, _ = simulate(table, batch, ITS)
   np.testing.assert_array_equal(cycles, plain)  # tracing changes nothing
   total, _, min_slack = _soft(table, batch, traces, 0.0)
   assert float(jnp.min(min_slack)) >= 0
@@ -69,7 +65,7 @@ def test_replay_at_zero_temperature_is_the_hard_simulator(cpu, blocks):
 def test_soft_tends_to_hard_as_temperature_falls(blocks):
   table = load_table("haswell")
   batch = encode(blocks, table.layout.index, length=8, renaming=renaming_for(table))
-  (cycles, _, traces), _ = _record(table, batch)
+  cycles, _, traces = _record(table, batch)
   gaps = []
   for tau in (3.0, 1.0, 0.3, 0.1, 0.01):
     total = np.asarray(_soft(table, batch, traces, tau)[0])
@@ -89,7 +85,7 @@ def test_straight_through_gradient_predicts_the_hard_simulator():
   when that latency grows by one cycle: 100 cycles per 100 iterations."""
   table = load_table("haswell")
   block, batch = _chain_batch(table, "addq %rbx, %rax; imulq %rax, %rax")
-  (cycles, _, traces), _ = _record(table, batch)
+  cycles, _, traces = _record(table, batch)
   k = table.layout.index[block.instrs[1].key]
 
   def steady(params):
@@ -99,7 +95,7 @@ def test_straight_through_gradient_predicts_the_hard_simulator():
   grad = float(jnp.max(g.latency[k]))
   bumped = table.params.replace(latency=np.asarray(table.params.latency).copy())
   bumped.latency[k] += 1
-  (_, _, traces2), _ = _record(_with(table, bumped), batch)
+  _, _, traces2 = _record(_with(table, bumped), batch)
   before = float(_soft(table, batch, traces, 0.0)[1][0])
   after = float(_soft(_with(table, bumped), batch, traces2, 0.0)[1][0])
   assert after - before == pytest.approx(100.0)
@@ -119,7 +115,7 @@ def test_gradients_match_central_differences_in_float64(blocks):
   differences of the same replay, along random directions over every parameter."""
   table = load_table("znver3")
   batch = encode(blocks[:16], table.layout.index, length=8, renaming=renaming_for(table))
-  (_, _, traces), _ = _record(table, batch)
+  _, _, traces = _record(table, batch)
   with jax.enable_x64(True):
     # Off the integer grid: there ties (a max over equal latencies) are kinks.
     rng = np.random.default_rng(0)
@@ -155,7 +151,7 @@ def test_gradients_match_central_differences_in_float64(blocks):
 def test_no_nan_or_inf_in_gradients(tau, blocks):
   table = load_table("skylake")
   batch = encode(blocks, table.layout.index, length=8, renaming=renaming_for(table))
-  (_, _, traces), _ = _record(table, batch)
+  _, _, traces = _record(table, batch)
   for st in (False, True):
     g = jax.grad(lambda p: jnp.mean(_soft(table, batch, traces, tau, p, st)[1]))(table.params)
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(g))
@@ -166,19 +162,19 @@ def test_width_and_uop_gradients_follow_the_dispatch_bound():
   through gradients are those of that fluid bound, and the hard simulator agrees."""
   table = load_table("haswell")  # 4-wide
   block, batch = _chain_batch(table, "; ".join(["nop"] * 8))
-  (_, _, traces), _ = _record(table, batch)
+  _, _, traces = _record(table, batch)
   steady = lambda p: _soft(table, batch, traces, 0.0, p)[1][0]
   assert float(steady(table.params)) == pytest.approx(200.0)
   g = jax.grad(steady)(table.params)
   assert float(g.dispatch_width) == pytest.approx(-8 * 100 / 16, rel=0.05)
   assert float(g.uops[table.layout.index[block.instrs[0].key]]) == pytest.approx(200, rel=0.05)
   wider = _with(table, table.params.replace(dispatch_width=np.float32(5)))
-  (_, _, traces5), _ = _record(wider, batch)
+  _, _, traces5 = _record(wider, batch)
   assert float(_soft(wider, batch, traces5, 0.0)[1][0]) < 200  # and the hard run agrees
 
 
 def test_simulate_soft_is_the_public_differentiable_entry_point(blocks):
-  from diffsim.sim import simulate, simulate_soft
+  from diffsim.sim import simulate_soft
 
   table = load_table("haswell")
   batch = encode(blocks[:12], table.layout.index, length=8, renaming=renaming_for(table))
