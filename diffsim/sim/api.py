@@ -202,7 +202,8 @@ def block_error(table: Table, block: Block | Exception, supported=None) -> str |
   for j, ins in enumerate(block.instrs):
     key = table_key(ins, idx)
     if key is None or not supported[idx[key]]:
-      return f"instruction {j} `{ins.text}`: opcode {ins.key} is not in the {table.layout.cpu} table"
+      return (f"instruction {j} `{ins.text}`: opcode {ins.key} is not in the "
+              f"{table.layout.cpu} table")
   return None
 
 

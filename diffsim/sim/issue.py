@@ -270,7 +270,8 @@ def _round(state: State, facts: Facts, members, tried):
   more = jnp.any(reader_ready) | mem_issued & jnp.any(store_passes) | jnp.any(cand & ~tried)
   order = state.issued + jnp.cumsum(issued) - 1  # issue sequence numbers
   state = state.replace(busy_until=busy, seq=seq, skip=skip, reserved_until=reserved_until,
-                        last_user=last_user, last_col=last_col, issue_t=issue_t, rs_used=rs_used, ready_t=ready_t, pending=pending,
+                        last_user=last_user, last_col=last_col, issue_t=issue_t,
+                        rs_used=rs_used, ready_t=ready_t, pending=pending,
                         issued=state.issued + jnp.sum(issued).astype(jnp.int32))
   if record:
     rows_k = jnp.where(issued, dyn_k, state.trace.shape[0])
