@@ -61,3 +61,23 @@ def test_fit_uarch_recovers_a_planted_vector():
   before = np.mean(np.abs(trained.predict(programs, start) - y) / y)
   after = np.mean(np.abs(trained.predict(programs, u) - y) / y)
   assert after < 0.05 < before
+
+
+def test_fit_uarch_chooses_its_pull_towards_the_start_by_cross_validation():
+  """Many clean labels: the cross-validated pull is weak and the planted vector is found
+  (held-out programs predicted well). A few labels of pure noise: it stays near the
+  start, nearer than a weak pull leaves it."""
+  rng = np.random.default_rng(1)
+  dim = 16
+  trained = Trained({}, ModelConfig(dim=dim), [], {})
+  start = rng.normal(size=dim).astype(np.float32)
+  target = start + rng.normal(size=dim).astype(np.float32)
+  programs = rng.normal(size=(300, dim)).astype(np.float32)
+  y = trained.predict(programs, target)
+  u = fit_uarch(trained, programs[:200], y[:200], start, steps=800, lr=0.05)
+  assert np.mean(np.abs(trained.predict(programs[200:], u) - y[200:]) / y[200:]) < 0.05
+
+  noise = np.exp(rng.normal(size=6)).astype(np.float32) * 100.0
+  cv = fit_uarch(trained, programs[:6], noise, start, steps=800, lr=0.05)
+  weak = fit_uarch(trained, programs[:6], noise, start, steps=800, lr=0.05, prior=1e-4)
+  assert np.linalg.norm(cv - start) < 0.5 * np.linalg.norm(weak - start)
