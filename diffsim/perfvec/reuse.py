@@ -133,7 +133,7 @@ PRIORS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # pulls towards the start, 
 
 
 def fit_uarch(trained: Trained, programs: np.ndarray, y: np.ndarray, init: np.ndarray, *,
-              steps: int = 500, lr: float = 0.02, prior: float | None = None,
+              steps: int = 500, lr: float = 0.02, prior: float | None = 1e-3,
               folds: int = 4, seed: int = 0) -> np.ndarray:
   """A uarch vector fitted to labelled blocks, everything else frozen.
 
@@ -142,9 +142,10 @@ def fit_uarch(trained: Trained, programs: np.ndarray, y: np.ndarray, init: np.nd
     y: [K] cycles per 100 iterations.
     init: [dim] the starting vector (the encoder's vector of the nearest known table).
     prior: how strongly the fit is pulled towards `init`. None: chosen from `PRIORS` by
-      `folds`-fold cross-validation on the K blocks themselves, since the pull that
-      suits 32 blocks (far below dim) leaves 512 underfitted, and nothing else is
-      labelled.
+      `folds`-fold cross-validation (squared log error) on the K blocks themselves. On
+      Zen 5 (benchmarks/RESULTS.md, run C) CV helped at K = 32 (56% MAPE against 87%)
+      and hurt at 128 and 512 (45% and 37% against 35% and 33%), so the fixed pull
+      stays the default.
   """
   P = jnp.asarray(programs)
   t = jnp.log(jnp.asarray(y, jnp.float32) / 100.0)

@@ -74,10 +74,10 @@ def test_fit_uarch_chooses_its_pull_towards_the_start_by_cross_validation():
   target = start + rng.normal(size=dim).astype(np.float32)
   programs = rng.normal(size=(300, dim)).astype(np.float32)
   y = trained.predict(programs, target)
-  u = fit_uarch(trained, programs[:200], y[:200], start, steps=800, lr=0.05)
+  u = fit_uarch(trained, programs[:200], y[:200], start, steps=800, lr=0.05, prior=None)
   assert np.mean(np.abs(trained.predict(programs[200:], u) - y[200:]) / y[200:]) < 0.05
 
   noise = np.exp(rng.normal(size=6)).astype(np.float32) * 100.0
-  cv = fit_uarch(trained, programs[:6], noise, start, steps=800, lr=0.05)
+  cv = fit_uarch(trained, programs[:6], noise, start, steps=800, lr=0.05, prior=None)
   weak = fit_uarch(trained, programs[:6], noise, start, steps=800, lr=0.05, prior=1e-4)
   assert np.linalg.norm(cv - start) < 0.5 * np.linalg.norm(weak - start)
