@@ -108,8 +108,9 @@ def sweep_labels(blocks: Sequence[Block], uarchs: Sequence[Uarch], cache_dir: Pa
   t0, done_pairs = time.time(), 0
   for s in starts:
     path = cache_dir / f"labels-{tag}-{s:05d}.npy"
-    if path.exists():
-      out[s:s + chunk] = np.load(path)
+    cached = np.load(path) if path.exists() else None
+    if cached is not None and cached.shape == (min(chunk, P - s), N):  # else another chunking
+      out[s:s + chunk] = cached
       bar.update(1)
       continue
     # Every chunk has `chunk` tables (the last padded with copies of its first), so

@@ -29,7 +29,7 @@ from diffsim.params.table import load_table
 from diffsim.perfvec.data import Uarch, runnable, sweep_labels, uarch_params
 from diffsim.perfvec.features import (NUM_FEATURES, SEQ_BUCKETS, Sequences, encode_sequences,
                                       seq_bucket)
-from diffsim.perfvec.model import ModelConfig, PerfVec, log_error, predict
+from diffsim.perfvec.model import ModelConfig, PerfVec, log_error, log_predict, predict
 from diffsim.perfvec.uarch import uarch_features
 
 
@@ -41,6 +41,10 @@ class Experiment:
   heldout_models: tuple[str, ...] = ("skylake",)  # llvm-mca models never trained on
   samples: int = 32  # sampled training tables per base
   heldout_samples: int = 8  # sampled tables per base kept for testing
+  # More training tables per base, each labelled on `sparse_blocks` training blocks only:
+  # the uarch encoder learns from many tables at a small fraction of the labelling cost.
+  sparse_samples: int = 0
+  sparse_blocks: int = 300
   max_len: int = 32  # longest block taken (instructions)
   blocks: int = 2000  # blocks drawn for train/val/test
   heldout_app: str = ""  # a BHive application kept out of training ("" = none)
@@ -59,7 +63,8 @@ class Experiment:
     s, h = self.samples, self.heldout_samples
     return dict(
       train=[u for b in self.train_bases
-             for u in [Uarch(b)] + [Uarch(b, i, self.seed) for i in range(s)]],
+             for u in [Uarch(b)] + [Uarch(b, i, self.seed) for i in range(s)]
+             + [Uarch(b, i, self.seed) for i in range(s + h, s + h + self.sparse_samples)]],
       heldout_sampled=[Uarch(b, i, self.seed) for b in self.train_bases
                        for i in range(s, s + h)],
       heldout_model=[Uarch(b) for b in self.heldout_models])
@@ -107,18 +112,25 @@ def build_data(hexes: Sequence[str], apps: Sequence[str] | None, exp: Experiment
   log(f"{len(hexes)} blocks read, {int(ok.sum())} runnable on {', '.join(bases)} with at "
       f"most {exp.max_len} instructions; drew {len(main)} (+{len(held)} of "
       f"{exp.heldout_app or 'no held-out application'}) in {time.time() - t0:.1f} s")
-  # One sweep per base table (its samples share its layout), whatever their roles.
+  # One sweep per base table (its samples share its layout), whatever their roles, and
+  # one more over the sparse tables and their few training blocks.
   uarchs = [u for us in roles.values() for u in us]
   role = [r for r, us in roles.items() for _ in us]
+  sparse = np.array([u.sample >= exp.samples + exp.heldout_samples for u in uarchs])
+  few = np.flatnonzero(part == 0)
+  few = few[_draw(len(few), exp.sparse_blocks, exp.seed + 1)]
   y = np.full((len(uarchs), len(blocks)), np.nan, np.float32)
   per = np.zeros((len(uarchs),) + uarch_features(tables[0])[0].shape, np.float32)
   glob = np.zeros((len(uarchs), uarch_features(tables[0])[1].shape[-1]), np.float32)
   for base in dict.fromkeys(u.base for u in uarchs):
-    rows = [i for i, u in enumerate(uarchs) if u.base == base]
-    group = [uarchs[i] for i in rows]
-    y[rows] = sweep_labels(blocks, group, cache_dir, iterations=exp.iterations,
-                           progress=progress, log=log)
-    per[rows], glob[rows] = uarch_features(*uarch_params(group))
+    rows = np.array([i for i, u in enumerate(uarchs) if u.base == base])
+    for sub, cols in ((rows[~sparse[rows]], np.arange(len(blocks))), (rows[sparse[rows]], few)):
+      if len(sub):
+        y[np.ix_(sub, cols)] = sweep_labels([blocks[i] for i in cols],
+                                            [uarchs[i] for i in sub], cache_dir,
+                                            iterations=exp.iterations, progress=progress,
+                                            log=log)
+    per[rows], glob[rows] = uarch_features(*uarch_params([uarchs[i] for i in rows]))
   return Data(blocks, part, uarchs, role, y, per, glob)
 
 
@@ -166,7 +178,7 @@ def _loss(variables, cfg, seq, y, mask, per_opcode, glob):
   prog, enc, tab = _model(cfg).apply(variables, seq, per_opcode, glob)
   # Labels are cycles per 100 iterations; the model speaks cycles per iteration.
   y = y / 100.0
-  return log_error(predict(prog, tab), y, mask) + log_error(predict(prog, enc), y, mask)
+  return log_error(log_predict(prog, tab), y, mask) + log_error(log_predict(prog, enc), y, mask)
 
 
 def _make_step(cfg: ModelConfig, opt):
@@ -217,15 +229,19 @@ def train(data: Data, exp: Experiment, out_dir: Path, *, progress: bool = True,
   out = Path(out_dir).absolute()
   out.mkdir(parents=True, exist_ok=True)
   tr_u = np.array([r == "train" for r in data.role])
-  cfg = ModelConfig(dim=exp.dim, layers=exp.layers, train_tables=int(tr_u.sum()))
+  cfg = ModelConfig(dim=exp.dim, layers=exp.layers, train_tables=int(tr_u.sum()),
+                    references=tuple(exp.train_bases))
   y_tr = data.y[tr_u].T  # [N, T]
   per, glob = data.per_opcode[tr_u], data.glob[tr_u]
   train_ids = np.flatnonzero(data.part == 0)
   val_ids = np.flatnonzero(data.part == 1)
   n_batches = len(_sequences(data.blocks, train_ids, exp.batch_size, 0))
-  opt = optax.adamw(optax.warmup_cosine_decay_schedule(
-      0.0, exp.lr, max(1, n_batches // 2), max(2, exp.epochs * n_batches), exp.lr * 0.05),
-      weight_decay=1e-4)
+  # Clipped: a prediction orders of magnitude off (early on) has a log error, and so a
+  # gradient, that would otherwise throw the LSTM far.
+  opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+      optax.warmup_cosine_decay_schedule(0.0, exp.lr, max(1, n_batches // 2),
+                                         max(2, exp.epochs * n_batches), exp.lr * 0.05),
+      weight_decay=1e-4))
   variables = _init(cfg, per, glob, exp.seed)
   state = dict(variables=variables, opt=opt.init(variables), best=variables,
                epoch=jnp.int32(0), best_val=jnp.float32(np.inf), bad=jnp.int32(0))

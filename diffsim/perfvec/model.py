@@ -2,6 +2,8 @@
 
 - `ProgramEncoder`: instruction representations from a 2-layer LSTM over the looped
   block (`features.Sequences`); the program vector is their sum over one iteration.
+  Each step also sees its opcode's costs in the training bases' tables
+  (`uarch.reference_costs`), so that rare opcodes do not depend on their embedding alone.
 - `UarchEncoder`: a microarchitecture vector from a table's layout-free summary
   (`uarch.uarch_features`), for tables never trained on. Each opcode's numbers are
   projected and weighted by a learned opcode embedding, so that a program vector can
@@ -21,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from diffsim.perfvec.features import NUM_FEATURES, Sequences, vocabulary
-from diffsim.perfvec.uarch import GLOBALS, PER_OPCODE
+from diffsim.perfvec.uarch import GLOBALS, PER_OPCODE, reference_costs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +36,7 @@ class ModelConfig:
   vocab: int = len(vocabulary())
   num_features: int = NUM_FEATURES
   train_tables: int = 1  # free uarch vectors
+  references: tuple[str, ...] = ()  # tables whose opcode costs the program encoder sees
 
 
 class ProgramEncoder(nn.Module):
@@ -44,8 +47,12 @@ class ProgramEncoder(nn.Module):
   @nn.compact
   def __call__(self, seq: Sequences) -> tuple[jax.Array, jax.Array]:
     c = self.cfg
-    x = jnp.concatenate([nn.Embed(c.vocab, c.embed, name="opcode")(seq.opcode),
-                         nn.Dense(c.embed, name="numbers")(seq.features)], -1)
+    parts = [nn.Embed(c.vocab, c.embed, name="opcode")(seq.opcode),
+             nn.Dense(c.embed, name="numbers")(seq.features)]
+    if c.references:
+      costs = jnp.asarray(reference_costs(c.references))[seq.opcode]
+      parts.append(nn.Dense(c.embed, name="reference")(costs))
+    x = jnp.concatenate(parts, -1)
     x = nn.gelu(x)
     lengths = seq.valid.sum(-1).astype(jnp.int32)
     for i in range(c.layers):
@@ -98,8 +105,14 @@ def predict(program: jax.Array, uarch: jax.Array) -> jax.Array:
   return jax.nn.softplus(program @ uarch.T)
 
 
-def log_error(pred: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
+def log_predict(program: jax.Array, uarch: jax.Array) -> jax.Array:
+  """[B, T] log of `predict`, computed so that a prediction far too small keeps its
+  gradient (log softplus(z) -> z as z -> -inf; a clamp there would leave it stuck)."""
+  z = program @ uarch.T
+  return jnp.where(z < -15.0, z, jnp.log(jax.nn.softplus(jnp.maximum(z, -15.0))))
+
+
+def log_error(log_pred: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
   """Mean squared log ratio over the labelled entries (scale-free, like MAPE)."""
-  err = jnp.where(mask, jnp.log(jnp.maximum(pred, 1e-3)) - jnp.log(jnp.where(mask, y, 1.0)),
-                  0.0)
+  err = jnp.where(mask, log_pred - jnp.log(jnp.where(mask, y, 1.0)), 0.0)
   return jnp.sum(err**2) / jnp.maximum(jnp.sum(mask), 1)

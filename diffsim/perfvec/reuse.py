@@ -19,7 +19,7 @@ from diffsim.isa.ir import Block
 from diffsim.params.table import load_table
 from diffsim.perfvec.data import Uarch, uarch_params
 from diffsim.perfvec.features import vocabulary
-from diffsim.perfvec.model import ModelConfig, predict
+from diffsim.perfvec.model import ModelConfig, log_predict, predict
 from diffsim.perfvec.learn import Data, Experiment, _init, _program_vectors, _uarch_vectors
 from diffsim.perfvec.uarch import uarch_features
 
@@ -81,7 +81,8 @@ def load(model_dir: str | Path) -> Trained:
   if meta["vocabulary"] != len(vocabulary()):
     raise ValueError(f"{d}: the model's opcode vocabulary has {meta['vocabulary']} entries, "
                      f"this diffsim's {len(vocabulary())}")
-  cfg = ModelConfig(**meta["config"])
+  # Models saved before `references` existed saw no reference costs.
+  cfg = ModelConfig(**{**meta["config"], "references": tuple(meta["config"].get("references", ()))})
   per, glob = uarch_features(load_table("haswell"))
   like = _init(cfg, per[None], glob[None], 0)
   with ocp.StandardCheckpointer() as ckpt:
@@ -169,7 +170,7 @@ def fit_uarch(trained: Trained, programs: np.ndarray, y: np.ndarray, init: np.nd
 
 
 def _log_error(P, t, u):
-  return jnp.log(jnp.maximum(predict(P, u[None])[:, 0], 1e-3)) - t
+  return log_predict(P, u[None])[:, 0] - t
 
 
 @functools.partial(jax.jit, static_argnums=(5, 6))

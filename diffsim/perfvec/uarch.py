@@ -8,13 +8,18 @@ Zen 3 counterpart), so the encoder reads each table through a layout-free summar
 - globals: dispatch and retire widths, reorder buffer, load and store queues, total
   scheduler entries, physical registers, units.
 Sizes enter as log1p, so that a table twice as wide moves every input by the same step.
+
+The same per-opcode summary of fixed reference tables (`reference_costs`) is what the
+program encoder knows of each opcode's cost, whatever uarch it later predicts for.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from diffsim.params.table import Params, Table
+from diffsim.params.table import Params, Table, load_table
 from diffsim.perfvec.features import opcode_id, vocabulary
 
 PER_OPCODE = ("latency", "uops", "recip_throughput", "read_advance", "present")
@@ -62,3 +67,12 @@ def uarch_features(table: Table, params: Params | None = None) -> tuple[np.ndarr
     np.asarray(p.store_queue, np.float32), sum_last(p.buffer_size), sum_last(p.prf_size),
     np.full(lead, len(table.layout.units), np.float32)), -1)
   return per.astype(np.float32), np.log1p(glob).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=8)
+def reference_costs(names: tuple[str, ...]) -> np.ndarray:
+  """[V, len(names) * len(PER_OPCODE)] each vocabulary opcode's summary in the named
+  tables (the training bases): a rare opcode's cost read from a table rather than learned
+  from the few blocks that hold it. Zero for an opcode a table lacks."""
+  return np.concatenate([np.zeros((len(vocabulary()), 0), np.float32)]
+                        + [uarch_features(load_table(n))[0] for n in names], -1)

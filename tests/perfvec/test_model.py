@@ -11,12 +11,13 @@ from diffsim.isa import parse_asm
 from diffsim.params.table import load_table
 from diffsim.perfvec.reuse import Trained, fit_uarch
 from diffsim.perfvec.features import encode_sequences
-from diffsim.perfvec.model import ModelConfig, PerfVec, log_error, predict
-from diffsim.perfvec.uarch import uarch_features
+from diffsim.perfvec.model import ModelConfig, PerfVec, log_error, log_predict, predict
+from diffsim.perfvec.features import opcode_id
+from diffsim.perfvec.uarch import PER_OPCODE, reference_costs, uarch_features
 
 
 def _model():
-  cfg = ModelConfig(dim=16, layers=2, embed=8, train_tables=2)
+  cfg = ModelConfig(dim=16, layers=2, embed=8, train_tables=2, references=("haswell", "znver3"))
   blocks = [parse_asm("addq $1, %rax\nimulq %rax, %rbx"), parse_asm("movq (%rdi), %rdi")]
   seq = encode_sequences(blocks, 16)
   per, glob = uarch_features(load_table("haswell"))
@@ -35,7 +36,7 @@ def test_gradients_match_finite_differences():
     v["params"]["uarch_table"] = uarch_table
     v["params"]["program"]["instruction"]["kernel"] = instr_kernel
     prog, _, tab = PerfVec(cfg).apply(v, seq, per, glob)
-    return log_error(predict(prog, tab), y, mask)
+    return log_error(log_predict(prog, tab), y, mask)
 
   with jax.enable_x64():
     args = (jnp.asarray(variables["params"]["uarch_table"], jnp.float64),
@@ -48,6 +49,21 @@ def test_program_vector_is_the_sum_over_one_iteration():
   prog, instr = PerfVec(cfg).apply(variables, seq, method=lambda m, s: m.program(s))
   np.testing.assert_allclose(prog, instr.sum(1), rtol=1e-6)
   assert np.all(np.asarray(instr)[~np.asarray(seq.counted)] == 0)
+
+
+def test_reference_costs_are_each_tables_numbers_for_the_opcode():
+  costs = reference_costs(("haswell", "znver3"))
+  F = len(PER_OPCODE)
+  latency = lambda key, t: np.rint(np.expm1(costs[opcode_id(key), t * F]))  # noqa: E731
+  # llvm-mca 14: 64-bit IMUL takes 3 cycles on both; DIV64r 98 on haswell, 17 on znver3.
+  assert latency("IMUL64rr", 0) == latency("IMUL64rr", 1) == 3
+  assert (latency("DIV64r", 0), latency("DIV64r", 1)) == (98, 17)
+  assert np.all(costs[0] == 0)  # the unknown opcode knows nothing
+  # The program encoder reads them: another reference table moves the program vector.
+  cfg, seq, per, glob, variables = _model()
+  other = ModelConfig(**{**cfg.__dict__, "references": ("znver3", "haswell")})
+  a, b = (PerfVec(c).apply(variables, seq, method=PerfVec.embed) for c in (cfg, other))
+  assert not np.allclose(a, b)
 
 
 def test_fit_uarch_recovers_a_planted_vector():

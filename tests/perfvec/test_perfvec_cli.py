@@ -19,7 +19,8 @@ from diffsim.perfvec import load
 pytestmark = pytest.mark.usefixtures("llvm14")
 
 TRAIN = ["--shipped", "mca-small", "--limit", "150", "--train-tables", "haswell",
-         "--heldout-models", "", "--samples", "2", "--heldout-samples", "1", "--blocks", "40",
+         "--heldout-models", "", "--samples", "2", "--heldout-samples", "1", "--sparse-samples",
+         "1", "--sparse-blocks", "6", "--blocks", "40",
          "--max-len", "8", "--dim", "16", "--epochs", "2", "--batch-size", "16"]
 
 
@@ -32,14 +33,18 @@ def model_dir(tmp_path_factory):
 
 def test_train_writes_model_report_and_labels(model_dir):
   meta = json.loads((model_dir / "model.json").read_text())
-  assert meta["train_uarchs"] == ["haswell", "haswell~0.0", "haswell~0.1"]
+  # The sparse table comes after the held-out sample (~0.2) in the sample sequence.
+  assert meta["train_uarchs"] == ["haswell", "haswell~0.0", "haswell~0.1", "haswell~0.3"]
   report = json.loads((model_dir / "report.json").read_text())
   whats = [r["what"] for r in report]
   assert "held-out sampled tables x unseen blocks" in whats
   assert all(0 <= r["mape"] < 10 and r["n"] > 0 for r in report)
-  labels = list((model_dir / "labels").glob("labels-*.npy"))
-  y = np.load(labels[0])
-  assert y.shape[0] == 4 and np.isfinite(y).all() and (y > 0).all()
+  # One sweep of every table but the sparse one over all blocks, one of the sparse table
+  # over its six training blocks.
+  ys = sorted((np.load(p) for p in (model_dir / "labels").glob("labels-*.npy")),
+              key=lambda y: y.shape[0])
+  assert [y.shape for y in ys] == [(1, 6), (4, ys[1].shape[1])] and ys[1].shape[1] >= 30
+  assert all(np.isfinite(y).all() and (y > 0).all() for y in ys)
   assert len(json.loads((model_dir / "history.json").read_text())) == 2
 
 
