@@ -61,6 +61,22 @@ class ProgramEncoder(nn.Module):
     return instr.sum(-2), instr
 
 
+class _KeyedSum(nn.Module):
+  """sum over v of Dense(per_opcode[v]) * key[v], without the [..., V, dim] projections
+  (hundreds of MB for a few hundred tables): the sum is taken before the projection."""
+
+  dim: int
+
+  @nn.compact
+  def __call__(self, per_opcode: jax.Array, key: jax.Array) -> jax.Array:
+    kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                        (per_opcode.shape[-1], self.dim))
+    bias = self.param("bias", nn.initializers.zeros_init(), (self.dim,))
+    keyed = jnp.einsum("...vf,vd->...fd", per_opcode, key)
+    out = jnp.einsum("...fd,fd->...d", keyed, kernel)
+    return out + jnp.broadcast_to(bias * key.sum(0), out.shape)
+
+
 class UarchEncoder(nn.Module):
   """Table summary -> [dim] uarch vector."""
 
@@ -71,8 +87,7 @@ class UarchEncoder(nn.Module):
     c = self.cfg
     assert per_opcode.shape[-1] == len(PER_OPCODE) and glob.shape[-1] == len(GLOBALS)
     key = self.param("opcode", nn.initializers.normal(1.0), (c.vocab, c.dim))
-    per = nn.Dense(c.dim, name="per_opcode")(per_opcode)  # [..., V, dim]
-    pooled = jnp.einsum("...vd,vd->...d", per, key) / jnp.sqrt(c.vocab)
+    pooled = _KeyedSum(c.dim, name="per_opcode")(per_opcode, key) / jnp.sqrt(c.vocab)
     h = jnp.concatenate([pooled, nn.Dense(c.dim, name="globals")(glob)], -1)
     h = nn.gelu(nn.Dense(c.dim, name="hidden")(h))
     return nn.Dense(c.dim, name="out")(h)

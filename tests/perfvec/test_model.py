@@ -97,3 +97,17 @@ def test_fit_uarch_chooses_its_pull_towards_the_start_by_cross_validation():
   cv = fit_uarch(trained, programs[:6], noise, start, steps=800, lr=0.05, prior=None)
   weak = fit_uarch(trained, programs[:6], noise, start, steps=800, lr=0.05, prior=1e-4)
   assert np.linalg.norm(cv - start) < 0.5 * np.linalg.norm(weak - start)
+
+
+def test_keyed_sum_is_the_sum_of_projected_opcodes():
+  cfg, seq, per, glob, variables = _model()
+  enc = variables["params"]["uarch"]
+
+  def dense(x, p):
+    return x @ p["kernel"] + p["bias"].reshape((1,) * (x.ndim - 1) + (-1,))
+
+  direct = jnp.einsum("uvd,vd->ud", dense(per, enc["per_opcode"]), enc["opcode"])
+  h = jnp.concatenate([direct / np.sqrt(cfg.vocab), dense(glob, enc["globals"])], -1)
+  want = dense(jax.nn.gelu(dense(h, enc["hidden"])), enc["out"])
+  got = PerfVec(cfg).apply(variables, per, glob, method=PerfVec.encode_uarch)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
