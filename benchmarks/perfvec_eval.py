@@ -180,6 +180,9 @@ def main() -> None:
   ap.add_argument("--sparse-samples", type=int, default=0,
                   help="more training tables per base, labelled on --sparse-blocks blocks")
   ap.add_argument("--sparse-blocks", type=int, default=300)
+  ap.add_argument("--extra-blocks", type=int, default=0,
+                  help="more training blocks, labelled on --extra-tables tables per base")
+  ap.add_argument("--extra-tables", type=int, default=8)
   ap.add_argument("--heldout-app", default="sqlite")
   ap.add_argument("--max-len", type=int, default=32)
   ap.add_argument("--dim", type=int, default=256)
@@ -200,6 +203,7 @@ def main() -> None:
     return
   exp = Experiment(samples=args.samples, heldout_samples=args.heldout_samples,
                    sparse_samples=args.sparse_samples, sparse_blocks=args.sparse_blocks,
+                   extra_blocks=args.extra_blocks, extra_tables=args.extra_tables,
                    max_len=args.max_len, blocks=args.blocks, heldout_app=args.heldout_app,
                    dim=args.dim, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
                    patience=args.patience)

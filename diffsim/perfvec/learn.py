@@ -45,6 +45,10 @@ class Experiment:
   # the uarch encoder learns from many tables at a small fraction of the labelling cost.
   sparse_samples: int = 0
   sparse_blocks: int = 300
+  # More training blocks, each labelled on the first `extra_tables` training tables of
+  # each base only: the program encoder learns from many blocks at a fraction of the cost.
+  extra_blocks: int = 0
+  extra_tables: int = 8
   max_len: int = 32  # longest block taken (instructions)
   blocks: int = 2000  # blocks drawn for train/val/test
   heldout_app: str = ""  # a BHive application kept out of training ("" = none)
@@ -105,27 +109,35 @@ def build_data(hexes: Sequence[str], apps: Sequence[str] | None, exp: Experiment
   main = _draw(int(np.sum(ok & ~app)), exp.blocks, exp.seed)
   main = np.flatnonzero(ok & ~app)[main]
   held = np.flatnonzero(ok & app)[_draw(int(np.sum(ok & app)), exp.app_blocks, exp.seed)]
-  idx = np.concatenate([main, held])
+  rest = np.setdiff1d(np.flatnonzero(ok & ~app), main)
+  extra = rest[_draw(len(rest), exp.extra_blocks, exp.seed + 2)]
+  idx = np.concatenate([main, held, extra])
   blocks = [decoded[i] for i in idx]
   part = np.concatenate([split_ids([b.hex for b in blocks[:len(main)]], seed=exp.seed),
-                         np.full(len(held), 3, np.int8)])
+                         np.full(len(held), 3, np.int8), np.zeros(len(extra), np.int8)])
   log(f"{len(hexes)} blocks read, {int(ok.sum())} runnable on {', '.join(bases)} with at "
       f"most {exp.max_len} instructions; drew {len(main)} (+{len(held)} of "
-      f"{exp.heldout_app or 'no held-out application'}) in {time.time() - t0:.1f} s")
-  # One sweep per base table (its samples share its layout), whatever their roles, and
-  # one more over the sparse tables and their few training blocks.
+      f"{exp.heldout_app or 'no held-out application'}, +{len(extra)} extra training "
+      f"blocks) in {time.time() - t0:.1f} s")
+  # Per base table (its samples share its layout), one sweep of its dense tables over the
+  # drawn blocks, one of its sparse tables over a few training blocks, and one of its
+  # first training tables over the extra blocks.
   uarchs = [u for us in roles.values() for u in us]
   role = [r for r, us in roles.items() for _ in us]
   sparse = np.array([u.sample >= exp.samples + exp.heldout_samples for u in uarchs])
-  few = np.flatnonzero(part == 0)
+  core = np.arange(len(main) + len(held))
+  few = np.flatnonzero(part[core] == 0)
   few = few[_draw(len(few), exp.sparse_blocks, exp.seed + 1)]
   y = np.full((len(uarchs), len(blocks)), np.nan, np.float32)
   per = np.zeros((len(uarchs),) + uarch_features(tables[0])[0].shape, np.float32)
   glob = np.zeros((len(uarchs), uarch_features(tables[0])[1].shape[-1]), np.float32)
   for base in dict.fromkeys(u.base for u in uarchs):
     rows = np.array([i for i, u in enumerate(uarchs) if u.base == base])
-    for sub, cols in ((rows[~sparse[rows]], np.arange(len(blocks))), (rows[sparse[rows]], few)):
-      if len(sub):
+    first = np.array([i for i in rows if role[i] == "train"][:exp.extra_tables], int)
+    extra_cols = np.arange(len(core), len(blocks))
+    for sub, cols in ((rows[~sparse[rows]], core), (rows[sparse[rows]], few),
+                      (first, extra_cols)):
+      if len(sub) and len(cols):
         y[np.ix_(sub, cols)] = sweep_labels([blocks[i] for i in cols],
                                             [uarchs[i] for i in sub], cache_dir,
                                             iterations=exp.iterations, progress=progress,
