@@ -183,6 +183,7 @@ def main() -> None:
   ap.add_argument("--extra-blocks", type=int, default=0,
                   help="more training blocks, labelled on --extra-tables tables per base")
   ap.add_argument("--extra-tables", type=int, default=8)
+  ap.add_argument("--encoder-steps", type=int, default=2000)
   ap.add_argument("--heldout-app", default="sqlite")
   ap.add_argument("--max-len", type=int, default=32)
   ap.add_argument("--dim", type=int, default=256)
@@ -204,6 +205,7 @@ def main() -> None:
   exp = Experiment(samples=args.samples, heldout_samples=args.heldout_samples,
                    sparse_samples=args.sparse_samples, sparse_blocks=args.sparse_blocks,
                    extra_blocks=args.extra_blocks, extra_tables=args.extra_tables,
+                   encoder_steps=args.encoder_steps,
                    max_len=args.max_len, blocks=args.blocks, heldout_app=args.heldout_app,
                    dim=args.dim, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
                    patience=args.patience)

@@ -62,6 +62,8 @@ def add_subcommand(subparsers) -> None:
   p.add_argument("--epochs", type=_positive_int, default=30)
   p.add_argument("--batch-size", type=_positive_int, default=64)
   p.add_argument("--lr", type=float, default=2e-3)
+  p.add_argument("--encoder-steps", type=int, default=2000,
+                 help="steps of the table encoder's refit on frozen program vectors (2000)")
   p.add_argument("--seed", type=int, default=0)
   p.set_defaults(func=cmd_train)
 
@@ -101,7 +103,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     sparse_samples=args.sparse_samples, sparse_blocks=args.sparse_blocks,
     extra_blocks=args.extra_blocks, extra_tables=args.extra_tables, max_len=args.max_len,
     blocks=args.blocks, heldout_app=args.heldout_app, dim=args.dim, layers=args.layers,
-    epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+    encoder_steps=args.encoder_steps)
   if not exp.train_bases:
     raise CliError("--train-tables: name at least one table")
   if args.heldout_app and apps is None:

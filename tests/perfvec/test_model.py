@@ -111,3 +111,33 @@ def test_keyed_sum_is_the_sum_of_projected_opcodes():
   want = dense(jax.nn.gelu(dense(h, enc["hidden"])), enc["out"])
   got = PerfVec(cfg).apply(variables, per, glob, method=PerfVec.encode_uarch)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_refit_encoder_fits_the_tables_with_the_programs_frozen():
+  from diffsim.perfvec.data import Uarch, uarch_params
+  from diffsim.perfvec.learn import Data, _program_vectors, refit_encoder
+
+  cfg, _, _, _, variables = _model()
+  asm = ["addq $1, %rax", "imulq %rax, %rbx", "movq (%rdi), %rdi", "divq %rcx",
+         "addq %rax, %rbx\naddq %rbx, %rcx", "vaddpd %ymm0, %ymm1, %ymm2"]
+  blocks = [parse_asm(a) for a in asm]
+  uarchs = [Uarch("haswell")] + [Uarch("haswell", i) for i in range(5)]
+  per, glob = uarch_features(*uarch_params(uarchs))
+  # Labels from the same model with another table encoder: reachable by the refit alone.
+  teacher = PerfVec(cfg).init(jax.random.key(7), encode_sequences(blocks[:1], 16),
+                              per[:1], glob[:1])["params"]["uarch"]
+  taught = {**variables, "params": {**variables["params"], "uarch": teacher}}
+  programs = _program_vectors(variables, cfg, blocks)
+  vectors = PerfVec(cfg).apply(taught, per, glob, method=PerfVec.encode_uarch)
+  y = np.asarray(predict(programs, vectors)).T * 100.0
+  data = Data(blocks, np.zeros(len(blocks), np.int8), uarchs, ["train"] * len(uarchs), y,
+              per, glob)
+
+  def error(v):
+    u = PerfVec(cfg).apply(v, per, glob, method=PerfVec.encode_uarch)
+    return float(np.mean(np.abs(np.asarray(predict(programs, u)).T * 100.0 - y) / y))
+
+  refit = refit_encoder(variables, cfg, data, 400, lr=3e-3, progress=False, log=lambda _: None)
+  assert error(refit) < 0.2 * error(variables)
+  same = jax.tree.map(np.array_equal, refit["params"]["program"], variables["params"]["program"])
+  assert all(jax.tree.leaves(same))
