@@ -177,9 +177,6 @@ def main() -> None:
   ap.add_argument("--blocks", type=int, default=2000)
   ap.add_argument("--samples", type=int, default=32)
   ap.add_argument("--heldout-samples", type=int, default=8)
-  ap.add_argument("--sparse-samples", type=int, default=0,
-                  help="more training tables per base, labelled on --sparse-blocks blocks")
-  ap.add_argument("--sparse-blocks", type=int, default=300)
   ap.add_argument("--extra-blocks", type=int, default=0,
                   help="more training blocks, labelled on --extra-tables tables per base")
   ap.add_argument("--extra-tables", type=int, default=8)
@@ -203,7 +200,6 @@ def main() -> None:
     embed_corpus(load(args.out), args.embed_corpus)
     return
   exp = Experiment(samples=args.samples, heldout_samples=args.heldout_samples,
-                   sparse_samples=args.sparse_samples, sparse_blocks=args.sparse_blocks,
                    extra_blocks=args.extra_blocks, extra_tables=args.extra_tables,
                    encoder_steps=args.encoder_steps,
                    max_len=args.max_len, blocks=args.blocks, heldout_app=args.heldout_app,

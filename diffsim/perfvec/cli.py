@@ -42,11 +42,6 @@ def add_subcommand(subparsers) -> None:
   p.add_argument("--samples", type=int, default=32, help="sampled tables per base (32)")
   p.add_argument("--heldout-samples", type=int, default=8,
                  help="sampled tables per base kept for testing (8)")
-  p.add_argument("--sparse-samples", type=int, default=0,
-                 help="more sampled training tables per base, each labelled on a few "
-                      "training blocks only (0)")
-  p.add_argument("--sparse-blocks", type=_positive_int, default=300,
-                 help="training blocks each sparse table is labelled on (300)")
   p.add_argument("--extra-blocks", type=int, default=0,
                  help="more training blocks, each labelled on the first --extra-tables "
                       "training tables of each base only (0)")
@@ -100,7 +95,6 @@ def cmd_train(args: argparse.Namespace) -> int:
   exp = Experiment(
     train_bases=_names(args.train_tables), heldout_models=_names(args.heldout_models),
     samples=args.samples, heldout_samples=args.heldout_samples,
-    sparse_samples=args.sparse_samples, sparse_blocks=args.sparse_blocks,
     extra_blocks=args.extra_blocks, extra_tables=args.extra_tables, max_len=args.max_len,
     blocks=args.blocks, heldout_app=args.heldout_app, dim=args.dim, layers=args.layers,
     epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,

@@ -42,10 +42,6 @@ class Experiment:
   heldout_models: tuple[str, ...] = ("skylake",)  # llvm-mca models never trained on
   samples: int = 32  # sampled training tables per base
   heldout_samples: int = 8  # sampled tables per base kept for testing
-  # More training tables per base, each labelled on `sparse_blocks` training blocks only:
-  # the uarch encoder learns from many tables at a small fraction of the labelling cost.
-  sparse_samples: int = 0
-  sparse_blocks: int = 300
   # More training blocks, each labelled on the first `extra_tables` training tables of
   # each base only: the program encoder learns from many blocks at a fraction of the cost.
   extra_blocks: int = 0
@@ -69,8 +65,7 @@ class Experiment:
     s, h = self.samples, self.heldout_samples
     return dict(
       train=[u for b in self.train_bases
-             for u in [Uarch(b)] + [Uarch(b, i, self.seed) for i in range(s)]
-             + [Uarch(b, i, self.seed) for i in range(s + h, s + h + self.sparse_samples)]],
+             for u in [Uarch(b)] + [Uarch(b, i, self.seed) for i in range(s)]],
       heldout_sampled=[Uarch(b, i, self.seed) for b in self.train_bases
                        for i in range(s, s + h)],
       heldout_model=[Uarch(b) for b in self.heldout_models])
@@ -121,24 +116,18 @@ def build_data(hexes: Sequence[str], apps: Sequence[str] | None, exp: Experiment
       f"most {exp.max_len} instructions; drew {len(main)} (+{len(held)} of "
       f"{exp.heldout_app or 'no held-out application'}, +{len(extra)} extra training "
       f"blocks) in {time.time() - t0:.1f} s")
-  # Per base table (its samples share its layout), one sweep of its dense tables over the
-  # drawn blocks, one of its sparse tables over a few training blocks, and one of its
-  # first training tables over the extra blocks.
+  # Per base table (its samples share its layout), one sweep of all its tables over the
+  # drawn blocks and one of its first training tables over the extra blocks.
   uarchs = [u for us in roles.values() for u in us]
   role = [r for r, us in roles.items() for _ in us]
-  sparse = np.array([u.sample >= exp.samples + exp.heldout_samples for u in uarchs])
   core = np.arange(len(main) + len(held))
-  few = np.flatnonzero(part[core] == 0)
-  few = few[_draw(len(few), exp.sparse_blocks, exp.seed + 1)]
   y = np.full((len(uarchs), len(blocks)), np.nan, np.float32)
   per = np.zeros((len(uarchs),) + uarch_features(tables[0])[0].shape, np.float32)
   glob = np.zeros((len(uarchs), uarch_features(tables[0])[1].shape[-1]), np.float32)
   for base in dict.fromkeys(u.base for u in uarchs):
     rows = np.array([i for i, u in enumerate(uarchs) if u.base == base])
     first = np.array([i for i in rows if role[i] == "train"][:exp.extra_tables], int)
-    extra_cols = np.arange(len(core), len(blocks))
-    for sub, cols in ((rows[~sparse[rows]], core), (rows[sparse[rows]], few),
-                      (first, extra_cols)):
+    for sub, cols in ((rows, core), (first, np.arange(len(core), len(blocks)))):
       if len(sub) and len(cols):
         y[np.ix_(sub, cols)] = sweep_labels([blocks[i] for i in cols],
                                             [uarchs[i] for i in sub], cache_dir,
