@@ -296,8 +296,8 @@ def refit_encoder(variables, cfg: ModelConfig, data: Data, steps: int, *, lr: fl
 
   In joint training the free table vectors absorb what the program encoder learns, and
   the encoder trails them far (run F of benchmarks/RESULTS.md: 29.5% MAPE against 7.8% on
-  the same uarchs); refitted afterwards it comes to 15.5%, and to 11.9% on the held-out
-  skylake model (35.2% before).
+  the same uarchs); refitted afterwards it comes to 15.1%, and from 35.2% to 18.5% on the
+  held-out skylake model.
   """
   if steps <= 0:
     return variables
