@@ -103,10 +103,10 @@ def build_data(hexes: Sequence[str], apps: Sequence[str] | None, exp: Experiment
   ok = runnable(decoded, tables, exp.max_len)
   app = np.array([bool(exp.heldout_app) and exp.heldout_app in (a or "").split(";")
                   for a in (apps or [""] * len(hexes))])
-  main = _draw(int(np.sum(ok & ~app)), exp.blocks, exp.seed)
-  main = np.flatnonzero(ok & ~app)[main]
+  pool = np.flatnonzero(ok & ~app)
+  main = pool[_draw(len(pool), exp.blocks, exp.seed)]
   held = np.flatnonzero(ok & app)[_draw(int(np.sum(ok & app)), exp.app_blocks, exp.seed)]
-  rest = np.setdiff1d(np.flatnonzero(ok & ~app), main)
+  rest = np.setdiff1d(pool, main)
   extra = rest[_draw(len(rest), exp.extra_blocks, exp.seed + 2)]
   idx = np.concatenate([main, held, extra])
   blocks = [decoded[i] for i in idx]
@@ -338,11 +338,17 @@ def _encoder_steps(variables, cfg: ModelConfig, enc, opt_state, fixed, opt, n: i
     vectors = _model(cfg).apply(v, per_opcode, glob, method=PerfVec.encode_uarch)
     return log_error(log_predict(programs, vectors), y, mask)
 
-  def body(carry, _):
-    enc, opt_state = carry
-    value, grad = jax.value_and_grad(loss)(enc)
-    updates, opt_state = opt.update(grad, opt_state, enc)
-    return (optax.apply_updates(enc, updates), opt_state), value
+  return descend(loss, enc, opt, opt_state, n)
 
-  (enc, opt_state), losses = jax.lax.scan(body, (enc, opt_state), None, length=n)
-  return enc, opt_state, losses
+
+def descend(loss, x, opt, opt_state, n: int):
+  """n optimiser steps on `loss` from x in one scan: (x, opt_state, [n] losses)."""
+
+  def body(carry, _):
+    x, opt_state = carry
+    value, grad = jax.value_and_grad(loss)(x)
+    updates, opt_state = opt.update(grad, opt_state, x)
+    return (optax.apply_updates(x, updates), opt_state), value
+
+  (x, opt_state), losses = jax.lax.scan(body, (x, opt_state), None, length=n)
+  return x, opt_state, losses

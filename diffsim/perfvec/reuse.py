@@ -20,7 +20,8 @@ from diffsim.params.table import load_table
 from diffsim.perfvec.data import Uarch, uarch_params
 from diffsim.perfvec.features import vocabulary
 from diffsim.perfvec.model import ModelConfig, log_predict, predict
-from diffsim.perfvec.learn import Data, Experiment, _init, _program_vectors, _uarch_vectors
+from diffsim.perfvec.learn import (Data, Experiment, _init, _program_vectors, _uarch_vectors,
+                                   descend)
 from diffsim.perfvec.uarch import uarch_features
 
 
@@ -184,11 +185,4 @@ def _fit_weighted(P, t, u0, weight, prior, steps: int, lr: float):
             + prior * jnp.mean((u - u0) ** 2) / scale)
 
   opt = optax.adam(lr)
-
-  def body(carry, _):
-    u, s = carry
-    upd, s = opt.update(jax.grad(loss)(u), s, u)
-    return (optax.apply_updates(u, upd), s), None
-
-  (u, _), _ = jax.lax.scan(body, (u0, opt.init(u0)), None, length=steps)
-  return u
+  return descend(loss, u0, opt, opt.init(u0), steps)[0]

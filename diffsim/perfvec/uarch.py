@@ -74,5 +74,4 @@ def reference_costs(names: tuple[str, ...]) -> np.ndarray:
   """[V, len(names) * len(PER_OPCODE)] each vocabulary opcode's summary in the named
   tables (the training bases): a rare opcode's cost read from a table rather than learned
   from the few blocks that hold it. Zero for an opcode a table lacks."""
-  return np.concatenate([np.zeros((len(vocabulary()), 0), np.float32)]
-                        + [uarch_features(load_table(n))[0] for n in names], -1)
+  return np.concatenate([uarch_features(load_table(n))[0] for n in names], -1)

@@ -10,9 +10,8 @@ from jax.test_util import check_grads
 from diffsim.isa import parse_asm
 from diffsim.params.table import load_table
 from diffsim.perfvec.reuse import Trained, fit_uarch
-from diffsim.perfvec.features import encode_sequences
+from diffsim.perfvec.features import encode_sequences, opcode_id
 from diffsim.perfvec.model import ModelConfig, PerfVec, log_error, log_predict, predict
-from diffsim.perfvec.features import opcode_id
 from diffsim.perfvec.uarch import PER_OPCODE, reference_costs, uarch_features
 
 
