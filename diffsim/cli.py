@@ -564,14 +564,23 @@ def cmd_fit(args: argparse.Namespace) -> int:
 # Argument parsing.
 
 
-def _positive_int(s: str) -> int:
-  try:
-    v = int(s)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
-  if v < 1:
-    raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-  return v
+def _int_from(lo: int):
+  """An argparse type: an integer of at least `lo`, or a message naming the value."""
+
+  def parse(s: str) -> int:
+    try:
+      v = int(s)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
+    if v < lo:
+      raise argparse.ArgumentTypeError(f"must be at least {lo}, got {v}")
+    return v
+
+  return parse
+
+
+_positive_int = _int_from(1)
+_non_negative_int = _int_from(0)
 
 
 def _add_input(p: argparse.ArgumentParser) -> None:

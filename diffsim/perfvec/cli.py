@@ -18,8 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
-from diffsim.cli import (CliError, _add_input, _decode, _positive_int, _read_rows,
-                         _report_failures, _say, _write_predictions)
+from diffsim.cli import (CliError, _add_input, _decode, _non_negative_int, _positive_int,
+                         _read_rows, _report_failures, _say, _write_predictions)
 
 
 def add_subcommand(subparsers) -> None:
@@ -42,7 +42,7 @@ def add_subcommand(subparsers) -> None:
   p.add_argument("--samples", type=int, default=32, help="sampled tables per base (32)")
   p.add_argument("--heldout-samples", type=int, default=8,
                  help="sampled tables per base kept for testing (8)")
-  p.add_argument("--extra-blocks", type=int, default=0,
+  p.add_argument("--extra-blocks", type=_non_negative_int, default=0,
                  help="more training blocks, each labelled on the first --extra-tables "
                       "training tables of each base only (0)")
   p.add_argument("--extra-tables", type=_positive_int, default=8,
@@ -57,7 +57,7 @@ def add_subcommand(subparsers) -> None:
   p.add_argument("--epochs", type=_positive_int, default=30)
   p.add_argument("--batch-size", type=_positive_int, default=64)
   p.add_argument("--lr", type=float, default=2e-3)
-  p.add_argument("--encoder-steps", type=int, default=2000,
+  p.add_argument("--encoder-steps", type=_non_negative_int, default=2000,
                  help="steps of the table encoder's refit on frozen program vectors (2000)")
   p.add_argument("--seed", type=int, default=0)
   p.set_defaults(func=cmd_train)

@@ -87,3 +87,10 @@ def test_bad_model_and_uarch_are_named(model_dir, tmp_path, capsys):
   assert main(["perfvec", "predict", str(src), "--model", str(model_dir), "--uarch",
                "no-such-cpu"]) == 2
   assert "--uarch no-such-cpu" in capsys.readouterr().err
+
+
+def test_negative_counts_are_refused_by_name(tmp_path, capsys):
+  for flag in ("--extra-blocks", "--encoder-steps"):
+    with pytest.raises(SystemExit):
+      main(["perfvec", "train", *TRAIN, flag, "-1", "--out", str(tmp_path)])
+    assert f"{flag}: must be at least 0, got -1" in capsys.readouterr().err
