@@ -52,10 +52,10 @@ def corpus(limit: int, seed: int) -> tuple[list[str], list[str], str]:
 
 def table(rows: list[dict], title: str) -> None:
   print(f"\n{title}")
-  print(f"| {'what':<52} | {'MAPE':>7} | {'tau':>5} | {'within 5%':>9} | {'pairs':>6} |")
-  print(f"|{'-' * 54}|{'-' * 9}|{'-' * 7}|{'-' * 11}|{'-' * 8}|")
+  print(f"| {'what':<72} | {'MAPE':>7} | {'tau':>5} | {'within 5%':>9} | {'pairs':>6} |")
+  print(f"|{'-' * 74}|{'-' * 9}|{'-' * 7}|{'-' * 11}|{'-' * 8}|")
   for r in rows:
-    print(f"| {r['what']:<52} | {100 * r['mape']:6.2f}% | {r['kendall_tau']:5.3f} | "
+    print(f"| {r['what']:<72} | {100 * r['mape']:6.2f}% | {r['kendall_tau']:5.3f} | "
           f"{100 * r['within_5pct']:8.1f}% | {r['n']:>6} |")
 
 

@@ -9,17 +9,22 @@
 DIR/model.json, DIR/history.json and DIR/report.json. `embed` writes one program vector
 per input row (NaN for a row it cannot embed; the reasons go to stderr). `predict`
 writes `hex,prediction,error` like `diffsim simulate`, in cycles per 100 iterations:
-`--uarch` names a training uarch (its own vector) or any table (the encoder's vector).
+`--uarch` names a training uarch (its own vector) or any table: the encoder's vector,
+adapted on `--probes` of the model's probe blocks simulated on that table (0: the
+encoder's vector alone).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from diffsim.cli import (CliError, _add_input, _decode, _non_negative_int, _positive_int,
                          _read_rows, _report_failures, _say, _write_predictions)
+
+PROBES = 256  # diffsim.perfvec.reuse.PROBES, without importing jax for --help
 
 
 def add_subcommand(subparsers) -> None:
@@ -73,6 +78,9 @@ def add_subcommand(subparsers) -> None:
   p.add_argument("--model", required=True, metavar="DIR", help="a `perfvec train --out` DIR")
   p.add_argument("--uarch", required=True, metavar="NAME_OR_PARAMS.json",
                  help="a training uarch (see DIR/model.json), a shipped table or a JSON table")
+  p.add_argument("--probes", type=_non_negative_int, default=PROBES,
+                 help="for a table not trained on: probe blocks simulated on it to adapt "
+                      f"the encoder's vector ({PROBES}; 0: the encoder's vector alone)")
   p.add_argument("-o", "--output", metavar="OUT.csv", help="output CSV (default stdout)")
   p.set_defaults(func=cmd_predict)
 
@@ -174,9 +182,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
   trained, _, vecs, status = _embed_rows(args)
   try:
-    u = trained.uarch(args.uarch)
+    t = time.time()
+    u = trained.adapt(args.uarch, args.probes)
   except (OSError, ValueError, KeyError) as e:
     raise CliError(f"--uarch {args.uarch}: {e}") from None
+  if args.probes and args.uarch not in trained.train_uarchs:
+    _say(f"{args.uarch}: uarch vector adapted on {min(args.probes, len(trained.probes))} "
+         f"probe blocks simulated on it ({time.time() - t:.1f} s)")
   pred = trained.predict(vecs, u)
   out = [(float(p), None) if err is None else (None, err) for p, (_, err) in zip(pred, status)]
   _, rows = _read_rows(args)

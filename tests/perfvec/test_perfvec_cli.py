@@ -8,13 +8,15 @@ contracts, not accuracy (that is benchmarks/perfvec_eval.py's job).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 
+import jax
 import numpy as np
 import pytest
 
 from diffsim.cli import main
-from diffsim.perfvec import load
+from diffsim.perfvec import fit_uarch, load
 
 pytestmark = pytest.mark.usefixtures("llvm14")
 
@@ -37,6 +39,9 @@ def test_train_writes_model_report_and_labels(model_dir):
   report = json.loads((model_dir / "report.json").read_text())
   whats = [r["what"] for r in report]
   assert "held-out sampled tables x unseen blocks" in whats
+  n = len(meta["probes"])
+  assert 0 < n == len(set(meta["probes"])) <= 40
+  assert f"held-out sampled tables x unseen blocks, adapted on {n} probes" in whats
   assert all(0 <= r["mape"] < 10 and r["n"] > 0 for r in report)
   # One sweep of every table over the drawn blocks, one of two training tables over the
   # extra blocks.
@@ -65,17 +70,50 @@ def test_embed_one_vector_per_row_nan_for_bad_rows(model_dir, tmp_path):
   np.testing.assert_allclose(v[0], direct[0], rtol=1e-5, atol=1e-6)
 
 
-def test_predict_columns_errors_and_uarch_kinds(model_dir, tmp_path):
+def test_predict_columns_errors_and_uarch_kinds(model_dir, tmp_path, capsys):
   src = tmp_path / "in.csv"
   src.write_text("4883c001\nabc\n4801d8480fafc3\n")
-  for uarch in ("haswell~0.1", "skylake", "haswell~0.7"):
+  for uarch, probes in (("haswell~0.1", "256"), ("skylake", "16"), ("haswell~0.7", "0")):
     out = tmp_path / f"{uarch}.csv"
     assert main(["perfvec", "predict", str(src), "--model", str(model_dir), "--uarch", uarch,
-                 "-o", str(out)]) == 0
+                 "--probes", probes, "-o", str(out)]) == 0
+    assert ("adapted on 16 probe blocks" in capsys.readouterr().err) == (uarch == "skylake")
     rows = list(csv.reader(out.open()))
     assert rows[0] == ["hex", "prediction", "error"] and len(rows) == 4
     assert float(rows[1][1]) > 0 and float(rows[3][1]) > 0 and rows[1][2] == ""
     assert rows[2][1] == "" and "odd" in rows[2][2]
+
+
+def test_adapting_to_a_table_fits_its_simulated_probes(model_dir, capsys):
+  """The adapted vector is fitted to the probes' throughput simulated on the table, from
+  the encoder's vector; a training uarch keeps its own vector."""
+  from diffsim.cli import sim_predict
+  from diffsim.isa import decode_blocks
+  from diffsim.perfvec import cli, reuse
+  from diffsim.perfvec.data import Uarch, uarch_params
+  from diffsim.params.table import Table
+
+  trained = load(model_dir)
+  assert cli.PROBES == reuse.PROBES
+  np.testing.assert_array_equal(trained.adapt("haswell~0.1"), trained.uarch("haswell~0.1"))
+  name = "haswell~0.5"
+  base, params = uarch_params([Uarch.parse(name)])
+  table = Table(jax.tree.map(lambda x: np.asarray(x)[0], params), base.structure, base.layout)
+  blocks = decode_blocks(list(trained.probes))
+  y = np.array([c for c, _ in sim_predict(table, blocks, 20, "steady", False)])
+  progs = trained.embed(blocks)
+  adapted = trained.adapt(name)
+  # It is the fit on the probes' throughput simulated on that very table ...
+  np.testing.assert_allclose(adapted, fit_uarch(trained, progs, y, trained.uarch(name)),
+                             rtol=1e-4, atol=1e-5)
+  # ... and predicts them better than where it started, by the fit's own measure.
+  before, after = (np.mean(np.log(trained.predict(progs, u) / y) ** 2)
+                   for u in (trained.uarch(name), adapted))
+  assert after < before
+  bare = dataclasses.replace(trained, probes=())
+  with pytest.raises(ValueError, match="keeps no probe blocks"):
+    bare.adapt(name)
+  np.testing.assert_array_equal(bare.adapt(name, probes=0), trained.uarch(name))
 
 
 def test_bad_model_and_uarch_are_named(model_dir, tmp_path, capsys):
