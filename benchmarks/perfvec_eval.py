@@ -7,7 +7,9 @@ and the foundation-model use on real Zen 5 measurements.
    them; held out: more sampled tables, and llvm-mca's skylake model entirely).
 2. Trains PerfVec (`diffsim perfvec train` does the same) and prints MAPE and Kendall's
    tau against the simulator's labels for seen/unseen uarchs x unseen blocks and the
-   held-out application, next to llvm-mca itself on the held-out model.
+   held-out application, next to llvm-mca itself on the held-out model. Unseen tables
+   are scored zero-shot (the table encoder) and adapted on M simulated probe blocks
+   (`Trained.adapt`), for M from 32 to 1,024.
 3. Speed: sweep labelling (pairs/s), training (blocks/s), prediction (pairs/s) beside
    the simulator and llvm-mca, embedding (blocks/s).
 4. Zen 5: freezes everything but a new uarch vector, fits it on K measured blocks
@@ -34,7 +36,7 @@ from diffsim.fit import FitConfig, fit
 from diffsim.isa import decode_blocks
 from diffsim.params.table import Table, load_table
 from diffsim.perfvec import Experiment, build_data, evaluate, load, save, train
-from diffsim.perfvec.reuse import fit_uarch
+from diffsim.perfvec.reuse import PROBES, fit_uarch
 
 
 def corpus(limit: int, seed: int) -> tuple[list[str], list[str], str]:
@@ -135,6 +137,25 @@ def zen5(trained, data, exp: Experiment, ks, out: Path, sim_epochs: int) -> list
   return rows, len(test), str(path)
 
 
+def adaptation(trained, data, probes=(0, 32, 64, 128, 256, 512, 1024)) -> list[dict]:
+  """Unseen tables x unseen blocks as the number of simulated probe blocks grows, and what
+  `Trained.adapt` costs for one table from scratch (simulation, compilation included)."""
+  rows = []
+  for m in probes:
+    got = {r["what"].split(" x ")[0]: r["mape"] for r in evaluate(trained, data, m)
+           if r["what"].startswith("held-out") and "x unseen blocks" in r["what"]
+           and ("adapted" in r["what"]) == (m > 0)}
+    rows.append(dict(probes=m, **got))
+  name = next(u.name for u, r in zip(data.uarchs, data.role) if r == "heldout_model")
+  t = time.time()
+  trained.adapt(name)
+  rows.append(dict(adapt_seconds=time.time() - t, table=name))
+  t = time.time()
+  trained.adapt(name)
+  rows.append(dict(adapt_seconds_warm=time.time() - t, table=name))
+  return rows
+
+
 def embed_corpus(trained, limit: int) -> dict:
   """Embedding throughput over the BHive corpus (decode, features + LSTM, separately)."""
   from diffsim.perfvec.features import SEQ_BUCKETS, encode_sequences
@@ -217,6 +238,15 @@ def main() -> None:
   history = json.loads((out / "history.json").read_text())
   rows = evaluate(trained, data)
   table(rows, "PerfVec against the simulator's labels (steady state, cycles per 100 its):")
+  adapt = adaptation(trained, data)
+  print("\nunseen tables x unseen blocks, MAPE, against probe blocks simulated on each:")
+  heads = [k for k in adapt[0] if k != "probes"]
+  print("| probes | " + " | ".join(heads) + " |\n|---|" + "---|" * len(heads))
+  for r in adapt[:-2]:
+    print(f"| {r['probes']} | " + " | ".join(f"{100 * r[h]:.1f}%" for h in heads) + " |")
+  print(f"Trained.adapt({adapt[-1]['table']!r}) with {PROBES} probes: "
+        f"{adapt[-2]['adapt_seconds']:.1f} s (compiling included), "
+        f"{adapt[-1]['adapt_seconds_warm']:.1f} s warm")
   spd, acc = speed(trained, data, exp, exp.heldout_models[0])
   print(f"\nheld-out model {exp.heldout_models[0]}, test and held-out-application blocks, "
         f"MAPE against the labels: "
@@ -239,7 +269,7 @@ def main() -> None:
     cv = f"{100 * r['perfvec_cv']:.1f}%" if "perfvec_cv" in r else "-"
     print(f"| {r['K']} | {100 * r['perfvec']:.1f}% | {r['perfvec_tau']:.3f} | {cv} | {sim} |")
   (out / "benchmark.json").write_text(json.dumps(
-      dict(rows=rows, speed=spd, heldout_model_mape=acc, zen5=z, history=history,
+      dict(rows=rows, adaptation=adapt, speed=spd, heldout_model_mape=acc, zen5=z, history=history,
            experiment=vars(args)), indent=1, default=float))
 
 
