@@ -75,11 +75,18 @@ def runnable(blocks: Sequence[Block], tables: Sequence[Table], max_len: int) -> 
   return ok
 
 
-def _digest(blocks: Sequence[Block], uarchs: Sequence[Uarch], iterations: int) -> str:
+def _digest(blocks: Sequence[Block], uarchs: Sequence[Uarch], iterations: int,
+            tables: tuple) -> str:
+  """The cache key: the blocks, the uarchs' names and iterations, and the tables' values
+  themselves (parameters and structure), so that a changed sampler or a rebuilt table
+  relabels instead of reading labels of other tables under the same names."""
   h = hashlib.blake2b(digest_size=8)
   h.update(json.dumps([iterations, [u.name for u in uarchs]]).encode())
   for b in blocks:
     h.update(b.hex.encode() + b";")
+  for leaf in jax.tree.leaves(tables):
+    x = np.ascontiguousarray(leaf)
+    h.update(str((x.dtype.str, x.shape)).encode() + x.tobytes())
   return h.hexdigest()
 
 
@@ -95,7 +102,7 @@ def sweep_labels(blocks: Sequence[Block], uarchs: Sequence[Uarch], cache_dir: Pa
   table, params = uarch_params(uarchs)
   cache_dir = Path(cache_dir)
   cache_dir.mkdir(parents=True, exist_ok=True)
-  tag = _digest(blocks, uarchs, iterations)
+  tag = _digest(blocks, uarchs, iterations, (params, table.structure))
   P, N = len(uarchs), len(blocks)
   by_len: dict[int, list[int]] = {}
   for i, b in enumerate(blocks):
