@@ -85,7 +85,8 @@ def speed(trained, data, exp: Experiment, mca_cpu: str) -> list[dict]:
           dict(what=f"llvm-mca {mca_cpu} (1 process, steady)", per_s=n / t_mca)]
   lab = data.y[[i for i, x in enumerate(data.uarchs) if x.name == mca_cpu][0]][data.part >= 2]
   acc = dict(sim=metrics.mape([p for p, _ in sim], lab), mca=metrics.mape([p for p, _ in mca], lab),
-             perfvec=metrics.mape(trained.predict(progs, u), lab))
+             perfvec=metrics.mape(trained.predict(progs, u), lab),
+             perfvec_adapted=metrics.mape(trained.predict(progs, trained.adapt(mca_cpu)), lab))
   return rows, acc
 
 
@@ -250,7 +251,8 @@ def main() -> None:
   spd, acc = speed(trained, data, exp, exp.heldout_models[0])
   print(f"\nheld-out model {exp.heldout_models[0]}, test and held-out-application blocks, "
         f"MAPE against the labels: "
-        f"PerfVec {100 * acc['perfvec']:.2f}%, diffsim {100 * acc['sim']:.2f}%, "
+        f"PerfVec {100 * acc['perfvec']:.2f}% (adapted on {PROBES} probes "
+        f"{100 * acc['perfvec_adapted']:.2f}%), diffsim {100 * acc['sim']:.2f}%, "
         f"llvm-mca {100 * acc['mca']:.2f}%")
   print("\n| predictor | predictions/s |\n|---|---|")
   for r in spd:

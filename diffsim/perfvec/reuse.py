@@ -62,7 +62,7 @@ class Trained:
 
     The table encoder alone generalises poorly from a hundred training tables (run F
     of benchmarks/RESULTS.md: 23% MAPE on held-out sampled tables); 256 simulated
-    blocks, a few seconds of simulation, bring it to 9.5%. A training uarch keeps its
+    blocks, a few seconds of simulation, bring it to 9.6%. A training uarch keeps its
     own vector.
     """
     from diffsim.cli import sim_predict
