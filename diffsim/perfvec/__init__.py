@@ -3,7 +3,9 @@ predicts a block's throughput, trained on the simulator's sweeps.
 
 `build_data` labels blocks x parameter tables with `simulate_sweep`; `train` fits the
 flax model; `evaluate`, `load`, `save` and `Trained` use it; `fit_uarch` fits only a
-new CPU's vector with the program encoder frozen (the foundation-model use). Names load
+new CPU's vector with the program encoder frozen (the foundation-model use), from
+measurements, and `Trained.adapt` does the same for a parameter table from simulated
+probe blocks. Names load
 on first use, so that `diffsim --help` does not import JAX for this subcommand.
 """
 
