@@ -77,7 +77,7 @@ def runnable(blocks: Sequence[Block], tables: Sequence[Table], max_len: int) -> 
 
 def _digest(blocks: Sequence[Block], uarchs: Sequence[Uarch], iterations: int,
             tables: tuple) -> str:
-  """The cache key: the blocks, the uarchs' names and iterations, and the tables' values
+  """A chunk's cache key: the blocks, the uarchs' names and iterations, and the tables' values
   themselves (parameters and structure), so that a changed sampler or a rebuilt table
   relabels instead of reading labels of other tables under the same names."""
   h = hashlib.blake2b(digest_size=8)
@@ -97,12 +97,12 @@ def sweep_labels(blocks: Sequence[Block], uarchs: Sequence[Uarch], cache_dir: Pa
 
   All uarchs must share one base (one layout). Pairs the simulator could not finish
   are NaN. Each chunk of `chunk` uarchs is saved as it completes, under a name that
-  hashes the blocks, uarchs and iterations, so a rerun resumes.
+  hashes the blocks, its uarchs (names and values) and iterations: a rerun resumes, and
+  a sweep that adds tables (more samples) reuses the chunks it shares with an earlier one.
   """
   table, params = uarch_params(uarchs)
   cache_dir = Path(cache_dir)
   cache_dir.mkdir(parents=True, exist_ok=True)
-  tag = _digest(blocks, uarchs, iterations, (params, table.structure))
   P, N = len(uarchs), len(blocks)
   by_len: dict[int, list[int]] = {}
   for i, b in enumerate(blocks):
@@ -114,14 +114,16 @@ def sweep_labels(blocks: Sequence[Block], uarchs: Sequence[Uarch], cache_dir: Pa
   bar = _bar(len(starts), f"labels {uarchs[0].base}", progress)
   t0, done_pairs = time.time(), 0
   for s in starts:
-    path = cache_dir / f"labels-{tag}-{s:05d}.npy"
+    mine = jax.tree.map(lambda x, s=s: x[s:s + chunk], params)
+    tag = _digest(blocks, uarchs[s:s + chunk], iterations, (mine, table.structure))
+    path = cache_dir / f"labels-{tag}.npy"
     cached = np.load(path) if path.exists() else None
-    if cached is not None and cached.shape == (min(chunk, P - s), N):  # else another chunking
+    if cached is not None and cached.shape == (min(chunk, P - s), N):
       out[s:s + chunk] = cached
       bar.update(1)
       continue
-    # Every chunk has `chunk` tables (the last padded with copies of its first), so
-    # each bucket compiles once.
+    # Every chunk has `chunk` tables (the last padded with copies of its last), so each
+    # bucket compiles once.
     take = np.minimum(np.arange(s, s + chunk), P - 1)
     sub = jax.tree.map(lambda x, take=take: x[take], params)
     part = np.full((chunk, N), np.nan, np.float32)
