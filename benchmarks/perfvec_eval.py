@@ -138,23 +138,28 @@ def zen5(trained, data, exp: Experiment, ks, out: Path, sim_epochs: int) -> list
   return rows, len(test), str(path)
 
 
-def adaptation(trained, data, probes=(0, 32, 64, 128, 256, 512, 1024)) -> list[dict]:
-  """Unseen tables x unseen blocks as the number of simulated probe blocks grows, and what
-  `Trained.adapt` costs for one table from scratch (simulation, compilation included)."""
-  rows = []
-  for m in probes:
-    got = {r["what"].split(" x ")[0]: r["mape"] for r in evaluate(trained, data, m)
-           if r["what"].startswith("held-out") and "x unseen blocks" in r["what"]
-           and ("adapted" in r["what"]) == (m > 0)}
-    rows.append(dict(probes=m, **got))
+CURVE = (32, 64, 128, 256, 512, 1024)  # probe counts of the adaptation curve
+
+
+def adaptation(trained, data, rows: list[dict]) -> list[dict]:
+  """Unseen tables x unseen blocks as the number of simulated probe blocks grows (read
+  from `evaluate`'s rows over CURVE), and what `Trained.adapt` costs for one table from
+  scratch (simulation, compilation included)."""
+  curve = []
+  for m in (0,) + CURVE:
+    how = f", adapted on {m} probes" if m else ""
+    got = {r["what"].split(" x ")[0]: r["mape"] for r in rows
+           if r["what"].startswith("held-out") and r["what"].endswith(f"x unseen blocks{how}")}
+    if got:  # a small run keeps fewer probes than the largest counts
+      curve.append(dict(probes=m, **got))
   name = next(u.name for u, r in zip(data.uarchs, data.role) if r == "heldout_model")
   t = time.time()
   trained.adapt(name)
-  rows.append(dict(adapt_seconds=time.time() - t, table=name))
+  curve.append(dict(adapt_seconds=time.time() - t, table=name))
   t = time.time()
   trained.adapt(name)
-  rows.append(dict(adapt_seconds_warm=time.time() - t, table=name))
-  return rows
+  curve.append(dict(adapt_seconds_warm=time.time() - t, table=name))
+  return curve
 
 
 def embed_corpus(trained, limit: int) -> dict:
@@ -237,9 +242,11 @@ def main() -> None:
   save(out, variables, cfg, exp, data)
   trained = load(out)
   history = json.loads((out / "history.json").read_text())
-  rows = evaluate(trained, data)
+  every = evaluate(trained, data, CURVE)
+  rows = [r for r in every if "adapted on" not in r["what"]
+          or r["what"].endswith(f"adapted on {min(PROBES, len(trained.probes))} probes")]
   table(rows, "PerfVec against the simulator's labels (steady state, cycles per 100 its):")
-  adapt = adaptation(trained, data)
+  adapt = adaptation(trained, data, every)
   print("\nunseen tables x unseen blocks, MAPE, against probe blocks simulated on each:")
   heads = [k for k in adapt[0] if k != "probes"]
   print("| probes | " + " | ".join(heads) + " |\n|---|" + "---|" * len(heads))

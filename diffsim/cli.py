@@ -271,44 +271,14 @@ def _load_table(params: str):
 
 
 def sim_predict(table, blocks: Sequence, iterations: int, throughput: str,
-                 progress: bool) -> list[tuple[float | None, str | None]]:
+                progress: bool) -> list[tuple[float | None, str | None]]:
   """The simulator's prediction for each decoded block (errors passed through)."""
   _enable_compile_cache()
   from diffsim.sim import simulate_blocks
 
-  blocks = list(blocks)
-  unencodable = _unencodable(table, blocks)
-  for i, msg in unencodable.items():
-    blocks[i] = ValueError(msg)  # passed through by simulate_blocks, untouched
-  preds = simulate_blocks(table, blocks, iterations=iterations, throughput=throughput,
+  preds = simulate_blocks(table, list(blocks), iterations=iterations, throughput=throughput,
                           progress=progress)
-  out = [(p.cycles, p.error) for p in preds]
-  for i, msg in unencodable.items():
-    out[i] = (None, f"encode: {msg}")
-  return out
-
-
-def _unencodable(table, blocks: Sequence) -> dict[int, str]:
-  """Blocks that `encode` rejects, by position, with its message.
-
-  `simulate_blocks` encodes a whole batch at once, so one block beyond encode's limits
-  (say, a register read by more than 64 later instructions) would fail the whole run.
-  Trying each block alone first keeps the failure on that block's row.
-  """
-  from diffsim.isa.encode import BUCKETS, encode, table_key
-
-  idx = table.layout.index
-  bad = {}
-  for i, b in enumerate(blocks):
-    if isinstance(b, Exception) or not b.instrs or len(b.instrs) > BUCKETS[-1]:
-      continue  # simulate_blocks reports these itself
-    if any(table_key(ins, idx) is None for ins in b.instrs):
-      continue  # simulate_blocks names the unknown opcode itself
-    try:
-      encode([b], idx)
-    except (ValueError, KeyError) as e:
-      bad[i] = str(e).replace("block 0: ", "")
-  return bad
+  return [(p.cycles, p.error) for p in preds]
 
 
 # ---------------------------------------------------------------------------------

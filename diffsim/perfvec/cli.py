@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from diffsim.cli import (CliError, _add_input, _decode, _non_negative_int, _positive_int,
@@ -182,13 +181,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
   trained, _, vecs, status = _embed_rows(args)
   try:
-    t = time.time()
-    u = trained.adapt(args.uarch, args.probes)
+    u = trained.adapt(args.uarch, args.probes, log=_say)
   except (OSError, ValueError, KeyError) as e:
     raise CliError(f"--uarch {args.uarch}: {e}") from None
-  if args.probes and args.uarch not in trained.train_uarchs:
-    _say(f"{args.uarch}: uarch vector adapted on {min(args.probes, len(trained.probes))} "
-         f"probe blocks simulated on it ({time.time() - t:.1f} s)")
   pred = trained.predict(vecs, u)
   out = [(float(p), None) if err is None else (None, err) for p, (_, err) in zip(pred, status)]
   _, rows = _read_rows(args)

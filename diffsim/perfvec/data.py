@@ -63,6 +63,12 @@ def uarch_params(uarchs: Sequence[Uarch]) -> tuple[Table, Params]:
   return table, jax.tree.map(lambda *xs: np.stack(xs), *per)
 
 
+def uarch_table(u: Uarch) -> Table:
+  """One uarch as a table of its own: its base, or the base with the i-th sampled values."""
+  table, params = uarch_params([u])
+  return Table(jax.tree.map(lambda x: np.asarray(x)[0], params), table.structure, table.layout)
+
+
 def runnable(blocks: Sequence[Block], tables: Sequence[Table], max_len: int) -> np.ndarray:
   """[N] bool: the block decodes, has at most max_len instructions, and every table can
   simulate it (so that each block has a label on every uarch)."""
@@ -118,6 +124,7 @@ def sweep_labels(blocks: Sequence[Block], uarchs: Sequence[Uarch], cache_dir: Pa
     tag = _digest(blocks, uarchs[s:s + chunk], iterations, (mine, table.structure))
     path = cache_dir / f"labels-{tag}.npy"
     cached = np.load(path) if path.exists() else None
+    # The key fixes the shape; a file of another shape is damaged: label again.
     if cached is not None and cached.shape == (min(chunk, P - s), N):
       out[s:s + chunk] = cached
       bar.update(1)

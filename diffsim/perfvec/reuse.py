@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -18,8 +19,8 @@ import optax
 
 from diffsim.data import metrics
 from diffsim.isa.ir import Block
-from diffsim.params.table import Table, load_table
-from diffsim.perfvec.data import Uarch, uarch_params
+from diffsim.params.table import load_table
+from diffsim.perfvec.data import Uarch, uarch_params, uarch_table
 from diffsim.perfvec.features import vocabulary
 from diffsim.perfvec.model import ModelConfig, log_predict, predict
 from diffsim.perfvec.learn import (Data, Experiment, _init, _program_vectors, _uarch_vectors,
@@ -55,7 +56,7 @@ class Trained:
     per, glob = uarch_features(table, params)
     return _uarch_vectors(self.variables, self.cfg, per, glob)[0]
 
-  def adapt(self, name_or_path: str, probes: int = PROBES) -> np.ndarray:
+  def adapt(self, name_or_path: str, probes: int = PROBES, log=None) -> np.ndarray:
     """[dim] uarch vector of a table fitted to the simulator's steady-state throughput
     of `probes` of the model's probe blocks on it, starting from (and pulled towards)
     the encoder's vector: the program encoder stays frozen, as with measured blocks.
@@ -63,10 +64,10 @@ class Trained:
     The table encoder alone generalises poorly from a hundred training tables (run F
     of benchmarks/RESULTS.md: 23% MAPE on held-out sampled tables); 256 simulated
     blocks, a few seconds of simulation, bring it to 9.6%. A training uarch keeps its
-    own vector.
+    own vector. `log`, when given, hears how many probes the fit used and how long it took.
     """
-    from diffsim.cli import sim_predict
     from diffsim.isa import decode_blocks
+    from diffsim.sim import simulate_blocks
 
     u0 = self.uarch(name_or_path)
     if name_or_path in self.train_uarchs or probes <= 0:
@@ -74,18 +75,21 @@ class Trained:
     if not self.probes:
       raise ValueError("this model keeps no probe blocks (saved before they existed); "
                        "retrain it, or predict with the encoder's vector alone")
-    u = Uarch.parse(name_or_path)
-    table, params = uarch_params([u])
-    table = Table(jax.tree.map(lambda x: np.asarray(x)[0], params), table.structure,
-                  table.layout)
+    t = time.time()
     blocks = decode_blocks(list(self.probes[:probes]))
-    labels = sim_predict(table, blocks, self.experiment.get("iterations", 20), "steady", False)
-    ok = [i for i, (y, err) in enumerate(labels) if err is None and y is not None and y > 0]
+    labels = simulate_blocks(uarch_table(Uarch.parse(name_or_path)), blocks,
+                             iterations=self.experiment.get("iterations", 20),
+                             throughput="steady")
+    ok = [i for i, p in enumerate(labels) if p.error is None and p.cycles and p.cycles > 0]
     if not ok:
       raise ValueError(f"{name_or_path}: the simulator ran none of the {len(blocks)} probe "
-                       f"blocks on this table ({labels[0][1]})")
-    return fit_uarch(self, self.embed([blocks[i] for i in ok]),
-                     np.array([labels[i][0] for i in ok], np.float32), u0)
+                       f"blocks on this table ({labels[0].error})")
+    u = fit_uarch(self, self.embed([blocks[i] for i in ok]),
+                  np.array([labels[i].cycles for i in ok], np.float32), u0)
+    if log:
+      log(f"{name_or_path}: uarch vector adapted on {len(ok)} probe blocks simulated on it "
+          f"({time.time() - t:.1f} s)")
+    return u
 
   def predict(self, programs: np.ndarray, uarch: np.ndarray) -> np.ndarray:
     """Cycles per 100 iterations of each program vector on one uarch vector."""
@@ -142,12 +146,13 @@ def _summary(pred: np.ndarray, y: np.ndarray) -> dict:
               uarchs=len(pred))
 
 
-def evaluate(trained: Trained, data: Data, probes: int = PROBES) -> list[dict]:
+def evaluate(trained: Trained, data: Data,
+             probes: int | Sequence[int] = PROBES) -> list[dict]:
   """Accuracy against the simulator's labels on everything training did not see.
 
-  Unseen uarchs are scored twice: with the table encoder's vector alone, and with that
-  vector adapted on `probes` of the model's probe blocks (as `Trained.adapt` does; 0:
-  not scored).
+  Unseen uarchs are scored with the table encoder's vector alone, and with that vector
+  adapted on each count in `probes` of the model's probe blocks (as `Trained.adapt`
+  does; 0: not scored). The blocks are embedded once for all counts.
   """
   progs = trained.embed(data.blocks)
   role = np.array(data.role)
@@ -156,13 +161,19 @@ def evaluate(trained: Trained, data: Data, probes: int = PROBES) -> list[dict]:
   tab[role == "train"] = np.asarray(trained.variables["params"]["uarch_table"])
   # The probes' labels on each unseen table are in the label matrix already (the
   # simulator's, as `adapt` would compute them): read there rather than simulated again.
-  adapted = enc.copy()
   where = {b.hex: i for i, b in enumerate(data.blocks) if data.part[i] == 0}
-  probe_ids = np.array([where[h] for h in trained.probes[:probes] if h in where], int)
-  if len(probe_ids):
+  unseen = [(enc, "")]
+  done = set()
+  for m in [probes] if isinstance(probes, int) else probes:
+    probe_ids = np.array([where[h] for h in trained.probes[:m] if h in where], int)
+    if m <= 0 or len(probe_ids) in done | {0}:
+      continue
+    done.add(len(probe_ids))
+    adapted = enc.copy()
     for i in np.flatnonzero(role != "train"):
       ok = probe_ids[np.isfinite(data.y[i, probe_ids]) & (data.y[i, probe_ids] > 0)]
       adapted[i] = fit_uarch(trained, progs[ok], data.y[i, ok], enc[i])
+    unseen.append((adapted, f", adapted on {len(probe_ids)} probes"))
   rows = []
 
   def add(what, uarch_mask, part, vectors):
@@ -175,8 +186,6 @@ def evaluate(trained: Trained, data: Data, probes: int = PROBES) -> list[dict]:
   train = role == "train"
   add("seen uarchs x unseen blocks (uarch table)", train, [2], tab)
   add("seen uarchs x unseen blocks (uarch encoder)", train, [2], enc)
-  unseen = [(enc, "")] + ([(adapted, f", adapted on {len(probe_ids)} probes")]
-                           if len(probe_ids) else [])
   for vectors, how in unseen:
     add(f"held-out sampled tables x unseen blocks{how}", role == "heldout_sampled", [2],
         vectors)

@@ -11,7 +11,6 @@ import csv
 import dataclasses
 import json
 
-import jax
 import numpy as np
 import pytest
 
@@ -90,15 +89,13 @@ def test_adapting_to_a_table_fits_its_simulated_probes(model_dir, capsys):
   from diffsim.cli import sim_predict
   from diffsim.isa import decode_blocks
   from diffsim.perfvec import cli, reuse
-  from diffsim.perfvec.data import Uarch, uarch_params
-  from diffsim.params.table import Table
+  from diffsim.perfvec.data import Uarch, uarch_table
 
   trained = load(model_dir)
   assert cli.PROBES == reuse.PROBES
   np.testing.assert_array_equal(trained.adapt("haswell~0.1"), trained.uarch("haswell~0.1"))
   name = "haswell~0.5"
-  base, params = uarch_params([Uarch.parse(name)])
-  table = Table(jax.tree.map(lambda x: np.asarray(x)[0], params), base.structure, base.layout)
+  table = uarch_table(Uarch.parse(name))
   blocks = decode_blocks(list(trained.probes))
   y = np.array([c for c, _ in sim_predict(table, blocks, 20, "steady", False)])
   progs = trained.embed(blocks)
