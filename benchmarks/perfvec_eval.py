@@ -202,6 +202,10 @@ def main() -> None:
   ap.add_argument("--patience", type=int, default=6)
   ap.add_argument("--corpus", type=int, default=12000, help="BHive rows read (seeded sample)")
   ap.add_argument("--blocks", type=int, default=2000)
+  ap.add_argument("--train-bases", default="haswell,znver3", metavar="A,B",
+                  help="llvm-mca models trained on, each with --samples tables around it")
+  ap.add_argument("--heldout-models", default="skylake", metavar="A,B",
+                  help="llvm-mca models held out entirely")
   ap.add_argument("--samples", type=int, default=32)
   ap.add_argument("--heldout-samples", type=int, default=8)
   ap.add_argument("--extra-blocks", type=int, default=0,
@@ -226,7 +230,9 @@ def main() -> None:
   if args.embed_corpus is not None:
     embed_corpus(load(args.out), args.embed_corpus)
     return
-  exp = Experiment(samples=args.samples, heldout_samples=args.heldout_samples,
+  exp = Experiment(train_bases=tuple(args.train_bases.split(",")),
+                   heldout_models=tuple(args.heldout_models.split(",")), samples=args.samples,
+                   heldout_samples=args.heldout_samples,
                    extra_blocks=args.extra_blocks, extra_tables=args.extra_tables,
                    encoder_steps=args.encoder_steps,
                    max_len=args.max_len, blocks=args.blocks, heldout_app=args.heldout_app,

@@ -400,7 +400,12 @@ def cmd_params(args: argparse.Namespace) -> int:
     raise CliError(f"llvm-mca 14 has no CPU model {args.cpu!r}; see `diffsim params --list`")
   out = args.output or f"{args.cpu}.json"
   t0 = time.perf_counter()
-  table = build_table(args.cpu, progress=args.progress)
+  from diffsim.params.mctools import ToolError
+
+  try:
+    table = build_table(args.cpu, progress=args.progress)
+  except (ToolError, ValueError) as e:
+    raise CliError(f"cannot build a table for {args.cpu}: {e}") from None
   try:
     write_table(table, out)
   except OSError as e:
@@ -594,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
   p = sub.add_parser("simulate", help="run the JAX simulator on every block")
   _add_input(p)
   p.add_argument("--params", required=True, metavar="CPU_OR_FILE.json",
-                 help="a shipped table (haswell, skylake, znver3) or a JSON table file")
+                 help="a shipped table (`diffsim params --list`) or a JSON table file")
   _add_run(p, "total")
   p.add_argument("-o", "--output", metavar="OUT.csv", help="output CSV (default stdout)")
   p.set_defaults(func=cmd_simulate)

@@ -246,3 +246,12 @@ def test_params_builds_a_table_that_loads(tmp_path, capsys):
   assert table.layout.cpu == "haswell"
   # Extraction is deterministic: the shipped table was built the same way.
   assert load_json(out)["opcodes"].keys() == load_json("haswell")["opcodes"].keys()
+
+
+def test_params_names_what_stops_a_table(tmp_path, capsys):
+  # btver2 lacks AVX2: those keys are refused one by one (llvm-mca exits 1 on each), and
+  # then its FPU groups defeat the group inference: the error says so by name.
+  assert main(["params", "btver2", "-o", str(tmp_path / "b.json")]) == 2
+  err = capsys.readouterr().err
+  assert "cannot build a table for btver2" in err and "JFPU01" in err
+  assert not (tmp_path / "b.json").exists()

@@ -41,7 +41,7 @@ from diffsim.params import resources as R
 
 FORMAT = "diffsim-params/1"
 TABLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tables")
-CPUS = ("haswell", "skylake", "znver3")
+CPUS = ("haswell", "skylake", "znver3", "broadwell", "icelake-client", "znver1", "znver2")
 
 
 def _log(progress: bool, msg: str, t0: float) -> None:

@@ -55,13 +55,14 @@ def tool_versions() -> str:
 
 
 def run(args: list[str], stdin: str | None = None, *, check_stderr: bool = False,
-        timeout: float = 600) -> subprocess.CompletedProcess:
+        check_status: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
   """Runs a tool and returns the completed process.
 
   Args:
     args: command line.
     stdin: text fed to the tool's standard input.
-    check_stderr: raise when stderr mentions an error (llvm-mca exits 0 on bad input).
+    check_stderr: raise when stderr mentions an error (llvm-mca exits 0 on some bad input).
+    check_status: raise on a non-zero exit status (False: the caller reads stderr).
     timeout: seconds.
 
   Raises:
@@ -69,7 +70,7 @@ def run(args: list[str], stdin: str | None = None, *, check_stderr: bool = False
   """
   p = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=timeout,
                      check=False)
-  if p.returncode != 0 or (check_stderr and "error:" in p.stderr):
+  if (check_status and p.returncode != 0) or (check_stderr and "error:" in p.stderr):
     raise ToolError(f"{args[0]} failed ({p.returncode}): {p.stderr[:2000]}")
   return p
 

@@ -96,6 +96,9 @@ class Model:
     bits lie above all unit bits, in name order.
     """
     order = self.order()
+    if name not in order:
+      raise ValueError(f"resource {name} is neither a unit of this model nor a group that "
+                       f"could be inferred from its classes")
     if name in self.groups:
       bits = len(self.groups[name]) + 1
       top = order.index(name)

@@ -22,7 +22,7 @@ import numpy as np
 
 from diffsim.isa.encode import BUCKETS, encode, renaming_for
 from diffsim.isa.ir import Block
-from diffsim.params.sample import sample_params
+from diffsim.params.sample import sample_params, table_at
 from diffsim.params.table import Params, Table, load_table
 from diffsim.sim.api import block_error, simulate_sweep
 
@@ -65,8 +65,7 @@ def uarch_params(uarchs: Sequence[Uarch]) -> tuple[Table, Params]:
 
 def uarch_table(u: Uarch) -> Table:
   """One uarch as a table of its own: its base, or the base with the i-th sampled values."""
-  table, params = uarch_params([u])
-  return Table(jax.tree.map(lambda x: np.asarray(x)[0], params), table.structure, table.layout)
+  return table_at(*uarch_params([u]), 0)
 
 
 def runnable(blocks: Sequence[Block], tables: Sequence[Table], max_len: int) -> np.ndarray:
