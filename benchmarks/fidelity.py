@@ -71,7 +71,7 @@ def main(argv=None):
   ok = [i for i, b in enumerate(blocks) if not isinstance(b, Exception)]
   print(f"# fidelity: {len(hexes)} blocks (seed {args.seed}), {len(ok)} decoded, "
         "Total Cycles at 100 iterations")
-  header = (f"{'cpu':8s} {'n':>5s} {'exact':>7s} {'<=1%':>7s} {'<=5%':>7s} {'MAPE':>8s}   "
+  header = (f"{'cpu':14s} {'n':>5s} {'exact':>7s} {'<=1%':>7s} {'<=5%':>7s} {'MAPE':>8s}   "
             f"{'labels: exact':>13s} {'<=1%':>7s}  {'sim s':>7s}")
   print(header)
   worst = {}
@@ -87,7 +87,7 @@ def main(argv=None):
     # Precomputed labels exist for some models only.
     lab = (f"{'-':>13s} {'-':>7s}" if cpu not in labels else
            "{exact:13.2%} {within_1pct:7.2%}".format(**agreement(pred, labels[cpu][ok])))
-    print(f"{cpu:8s} {a['n']:5d} {a['exact']:7.2%} {a['within_1pct']:7.2%} "
+    print(f"{cpu:14s} {a['n']:5d} {a['exact']:7.2%} {a['within_1pct']:7.2%} "
           f"{a['within_5pct']:7.2%} {a['mape']:8.3%}   {lab}  {sim_s:7.1f}")
     rel = np.where(np.isnan(pred) | np.isnan(ref), -1, np.abs(pred - ref) / ref)
     worst[cpu] = [(ok[i], ref[i], pred[i]) for i in np.argsort(-rel)[:args.worst] if rel[i] > 0]
