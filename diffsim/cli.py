@@ -94,7 +94,8 @@ def _enable_compile_cache() -> None:
   Compiling the simulator takes seconds per block-length bucket, which dominates a
   short run; JAX's persistent cache makes the second run start at once. The directory
   is `$DIFFSIM_CACHE_DIR` (`off` disables it), else `~/.cache/diffsim/jax`; a cache
-  directory already chosen for JAX (`JAX_COMPILATION_CACHE_DIR`) wins.
+  directory already chosen for JAX (`JAX_COMPILATION_CACHE_DIR`) wins. The traced
+  programs go beside it (DIR-programs), so that a new run skips tracing as well.
   """
   choice = os.environ.get("DIFFSIM_CACHE_DIR", "")
   if choice.lower() in ("off", "0", "none"):
@@ -110,6 +111,9 @@ def _enable_compile_cache() -> None:
   except OSError:
     return  # a read-only home only costs compile time
   jax.config.update("jax_compilation_cache_dir", str(path))
+  from diffsim.sim.programs import keep_programs
+
+  keep_programs(f"{path}-programs")  # and skip tracing too (diffsim.sim.programs)
   # Only programs worth keeping: the simulator's take seconds, helpers milliseconds.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 

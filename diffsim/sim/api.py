@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from diffsim.isa.encode import BUCKETS, BlockBatch, encode, renaming_for, table_key
 from diffsim.isa.ir import Block
 from diffsim.params.table import Layout, Params, Structure, Table
-from diffsim.sim import soft
+from diffsim.sim import programs, soft
 from diffsim.sim.facts import gather
 from diffsim.sim.pipeline import integer_globals, run_block, run_queue
 
@@ -128,9 +128,10 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
   # On the host, so that a table left on one device (a fit's output) is not refused by
   # the program sharded over all of them.
   params = jax.tree.map(np.asarray, table.params)
-  cycles, overflow = _simulate(
-      params, table.structure, batch_p, its_p, layout=table.layout, window=window,
-      max_cycles=max_cycles, fast_forward=fast_forward, slots=slots)
+  cycles, overflow = programs.call(
+      _simulate, (params, table.structure, batch_p, its_p),
+      dict(layout=table.layout, window=window, max_cycles=max_cycles,
+           fast_forward=fast_forward, slots=slots))
   return np.asarray(cycles)[:B], np.asarray(overflow)[:B]
 
 
@@ -166,8 +167,9 @@ def simulate_sweep(params: Params, structure: Structure, layout: Layout, batch: 
                             n_dev)
   window = window_for(params.rob_size)
   params = jax.tree.map(np.asarray, params)  # on the host, as in `simulate`
-  cycles, overflow = _sweep(params, structure, batch_p, its, layout=layout,
-                            window=window, max_cycles=max_cycles, slots=slots)
+  cycles, overflow = programs.call(
+      _sweep, (params, structure, batch_p, its),
+      dict(layout=layout, window=window, max_cycles=max_cycles, slots=slots))
   return np.asarray(cycles)[:, :B], np.asarray(overflow)[:, :B]
 
 

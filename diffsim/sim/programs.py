@@ -1,0 +1,101 @@
+"""The simulator's programs kept on disk, traced once per machine rather than once per run.
+
+JAX's persistent compile cache skips XLA's compilation in a new process, but not the
+tracing that comes before it: the cycle loop takes seconds to trace for every bucket
+shape, which made tracing most of a short `diffsim simulate` run. With a directory set
+(`keep_programs`; the CLI sets one beside its compile cache), each program is traced
+once, serialized with `jax.export`, and later runs load it and go straight to the
+(cached) compilation.
+
+A kept program is keyed on everything that shapes it: the function, its static
+arguments (the table's layout, window, budget...), the shapes and dtypes of its inputs,
+the devices, the JAX version and the source of diffsim itself, so a program is never
+reused where it would compute something else.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+from typing import Callable
+
+import jax
+import numpy as np
+from jax import export
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+_dir: Path | None = None
+_loaded: dict[str, Callable] = {}
+
+
+def keep_programs(path: str | Path | None) -> None:
+  """Keeps traced programs in `path` from now on (None: trace in every process)."""
+  global _dir
+  _dir = None if path is None else Path(path)
+
+
+def call(fn, args: tuple, static: dict):
+  """`fn(*args, **static)` for a jitted `fn`, through a kept program when a directory is
+  set. `args` may be pytrees of arrays; `static` are `fn`'s static arguments."""
+  if _dir is None:
+    return fn(*args, **static)
+  leaves, tree = jax.tree.flatten(args)
+  key = _key(fn, tree, leaves, static)
+  run = _loaded.get(key)
+  if run is None:
+    run = _loaded[key] = _load_or_trace(fn, tree, leaves, static, _dir / f"{key}.jaxexport")
+  return run(*leaves)
+
+
+def _load_or_trace(fn, tree, leaves, static, path: Path) -> Callable:
+  mesh = Mesh(np.array(jax.local_devices()), ("devices",))
+  exported = None
+  if path.exists():
+    try:
+      exported = export.deserialize(bytearray(path.read_bytes()))
+    except Exception:  # noqa: BLE001 - a damaged file is traced again
+      exported = None
+  if exported is None:
+    whole = NamedSharding(mesh, PartitionSpec())
+    flat = jax.jit(lambda *xs: fn(*jax.tree.unflatten(tree, xs), **static),
+                   in_shardings=(whole,) * len(leaves), out_shardings=whole)
+    try:
+      exported = export.export(flat)(*leaves)
+      _write(path, exported.serialize())
+    except Exception:  # noqa: BLE001 - what cannot be exported still runs, traced here
+      return lambda *xs: fn(*jax.tree.unflatten(tree, xs), **static)
+  return jax.jit(exported.call, in_shardings=exported.in_shardings_jax(mesh),
+                 out_shardings=exported.out_shardings_jax(mesh))
+
+
+def _write(path: Path, blob: bytes) -> None:
+  """Atomically, so that a concurrent reader never sees half a program."""
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(blob)
+    tmp.replace(path)
+  except OSError:
+    pass  # a read-only cache only costs tracing time
+
+
+def _key(fn, tree, leaves, static: dict) -> str:
+  h = hashlib.blake2b(digest_size=16)
+  devices = jax.local_devices()
+  h.update(repr((jax.__version__, devices[0].platform, len(devices), _source_digest(),
+                 getattr(fn, "__qualname__", repr(fn)), str(tree),
+                 [(np.shape(x), str(np.result_type(x))) for x in leaves],
+                 sorted((k, repr(v)) for k, v in static.items()))).encode())
+  return h.hexdigest()
+
+
+@functools.cache
+def _source_digest() -> str:
+  """Every diffsim source file: a changed simulator never loads an old program."""
+  root = Path(__file__).resolve().parents[1]
+  h = hashlib.blake2b(digest_size=16)
+  for p in sorted(root.rglob("*.py")):
+    h.update(str(p.relative_to(root)).encode() + p.read_bytes())
+  return h.hexdigest()

@@ -1,0 +1,72 @@
+"""Kept programs (diffsim.sim.programs): the same cycles as a traced run, loaded by a later
+process without tracing, traced again when damaged, never reused for other inputs."""
+
+import numpy as np
+import pytest
+
+from diffsim.isa import parse_asm
+from diffsim.isa.encode import encode
+from diffsim.params.table import load_table
+from diffsim.sim import programs, simulate
+from diffsim.sim.api import _simulate
+
+BLOCKS = ["addl %ecx, %eax; imull %eax, %eax", "movq (%rdi), %rax; addq %rax, %rbx",
+          "vaddps %ymm0, %ymm1, %ymm2; vmulps %ymm2, %ymm2, %ymm3"]
+
+
+@pytest.fixture
+def kept(tmp_path):
+  """Programs kept in tmp_path for this test alone; the session's setting after it."""
+  before, loaded = programs._dir, dict(programs._loaded)
+  programs._loaded.clear()
+  programs.keep_programs(tmp_path)
+  yield tmp_path
+  programs.keep_programs(before)
+  programs._loaded.clear()
+  programs._loaded.update(loaded)
+
+
+def test_a_kept_program_is_loaded_and_gives_the_same_cycles(kept, monkeypatch):
+  table = load_table("haswell")
+  batch = encode([parse_asm(b) for b in BLOCKS], table.layout.index, length=8)
+  its = np.array([20, 50, 100])
+  cycles, overflow = simulate(table, batch, its)
+  files = list(kept.glob("*.jaxexport"))
+  assert len(files) == 1 and not overflow.any()
+  # The same cycles as the program traced in this process, without a directory.
+  programs.keep_programs(None)
+  np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
+  programs.keep_programs(kept)
+
+  # A new process: nothing in memory, so the file is read and nothing is traced.
+  programs._loaded.clear()
+
+  def no_tracing(*args, **kw):
+    raise AssertionError("traced again instead of loading the kept program")
+
+  monkeypatch.setattr(programs.export, "export", no_tracing)
+  np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
+  monkeypatch.undo()
+
+  # A damaged file is traced again and replaced.
+  files[0].write_bytes(b"not a program")
+  programs._loaded.clear()
+  np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
+  assert files[0].read_bytes() != b"not a program"
+
+
+def test_the_key_covers_shapes_static_arguments_and_code():
+  table = load_table("haswell")
+  batch8 = encode([parse_asm(b) for b in BLOCKS], table.layout.index, length=8)
+  batch16 = encode([parse_asm(b) for b in BLOCKS], table.layout.index, length=16)
+  other = load_table("skylake")
+  import jax
+
+  def key(batch, layout=table.layout, window=224):
+    leaves, tree = jax.tree.flatten((table.params, table.structure, batch, np.zeros(3)))
+    return programs._key(_simulate, tree, leaves, dict(layout=layout, window=window))
+
+  assert key(batch8) == key(batch8)
+  assert len({key(batch8), key(batch16), key(batch8, window=256),
+              key(batch8, layout=other.layout)}) == 4
+  assert len(programs._source_digest()) == 32
