@@ -42,6 +42,8 @@ def call(fn, args: tuple, static: dict):
   if _dir is None:
     return fn(*args, **static)
   leaves, tree = jax.tree.flatten(args)
+  # On the host: an array committed to one device would not fit the program's shardings.
+  leaves = [np.asarray(x) for x in leaves]
   key = _key(fn, tree, leaves, static)
   run = _loaded.get(key)
   if run is None:
