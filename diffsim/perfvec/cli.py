@@ -20,8 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
-from diffsim.cli import (CliError, _add_input, _decode, _non_negative_int, _positive_int,
-                         _read_rows, _report_failures, _say, _write_predictions)
+from diffsim.cli import (CliError, _add_input, _decode, _enable_compile_cache, _non_negative_int,
+                         _positive_int, _read_rows, _report_failures, _say, _write_predictions)
 
 PROBES = 256  # diffsim.perfvec.reuse.PROBES, without importing jax for --help
 
@@ -89,6 +89,7 @@ def _names(s: str) -> tuple[str, ...]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+  _enable_compile_cache()  # the label sweeps' simulator programs
   from diffsim.data import load_csv
   from diffsim.perfvec import Experiment, build_data, evaluate, load, save, train
 
@@ -177,6 +178,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+  _enable_compile_cache()  # `adapt` simulates the probes
   from diffsim.cli import _hex_field
 
   trained, _, vecs, status = _embed_rows(args)
