@@ -82,3 +82,26 @@ def lea_variant(opcode: str, text: str) -> str:
   if m.group("scale") not in (None, "1"):
     return LEA_SCALE
   return ""
+
+
+# Zero-immediate classes. Haswell resolves `adc`/`sbb` with an immediate of 0 to a
+# cheaper class (1 uop, latency 1, against 2 and 2), except on the accumulator
+# (%al/%ax/%eax/%rax, which have short encodings of their own). Tables key such
+# instances `OPCODE@imm0` where they cost something other than the plain opcode, whose
+# entry is measured on a non-zero immediate.
+IMM_ZERO = "@imm0"
+IMMEDIATE = re.compile(r"\$(?P<value>-?(?:0x[0-9a-fA-F]+|\d+))\b")
+ACCUMULATOR = re.compile(r"%(?:al|ax|eax|rax)$")
+
+
+def imm_variant(text: str) -> str:
+  """IMM_ZERO when the instruction's first immediate is zero and its last operand is
+  not the accumulator, else "".
+
+  Args:
+    text: the instruction's AT&T text as llvm-mc prints it.
+  """
+  m = IMMEDIATE.search(text)
+  if m is None or int(m.group("value"), 0) != 0 or ACCUMULATOR.search(text):
+    return ""
+  return IMM_ZERO

@@ -211,7 +211,7 @@ def collapse_cc(opcodes: dict) -> None:
 # address or a scale other than 1 (`idioms.lea_variant`). Each LEA key gets an
 # `OPCODE@3op` and an `OPCODE@scale` key measured on such instances, and the plain key
 # an instance that is neither; a variant is kept only where it costs something else
-# (collapse_lea).
+# (collapse_variants).
 _LEA_TEXT = re.compile(r"^(?P<mn>lea[wlq])\t(?P<disp>[^(]*)\((?P<base>%[a-z0-9]+)?"
                        r"(?:,(?P<index>%[a-z0-9]+)(?P<scale>,\d)?)?\), (?P<dst>%[a-z0-9]+)$")
 _LEA_VARIANTS = (idioms.LEA_3OP, idioms.LEA_SCALE)
@@ -242,20 +242,64 @@ def lea_variants(keys: dict) -> dict:
   return out
 
 
-def collapse_lea(opcodes: dict) -> None:
-  """Drops LEA variant entries that cost what the plain key costs."""
+# ----------------------------------------------------------------------------------------
+# Zero-immediate variants
+
+# Haswell resolves `adc`/`sbb` with an immediate of 0 to a cheaper class
+# (`idioms.imm_variant`). Each key with an immediate gets an `OPCODE@imm0` key measured
+# on its example with the immediate set to 0, and the plain key a non-zero immediate;
+# a rewrite that llvm-mc assembles to another opcode (`shl $1` is SHL64r1) is dropped.
+_NOT_ACCUMULATOR = {"al": "cl", "ax": "cx", "eax": "ecx", "rax": "rcx"}
+
+
+def imm_variants(keys: dict) -> dict:
+  """Every key of `keys` plus `OPCODE@imm0` for each plain key with an immediate, with
+  examples made from the corpus example (off the accumulator), whose non-zero form
+  replaces it when it is a variant itself."""
+  made = {}
+  for k, v in keys.items():
+    m = idioms.IMMEDIATE.search(v["example"])
+    if "@" in k or m is None:
+      continue
+    ex = v["example"]
+    zero = ex[:m.start()] + "$0" + ex[m.end():]
+    made[k + idioms.IMM_ZERO] = idioms.ACCUMULATOR.sub(
+        lambda a: "%" + _NOT_ACCUMULATOR[a.group()[1:]], zero)
+    if idioms.imm_variant(ex):
+      made[k] = ex[:m.start()] + "$2" + ex[m.end():]
+  if not made:
+    return dict(keys)
+  bases = [k.split("@")[0] for k in made]
+  lines = [keys[b]["example"] for b in bases] + list(made.values())
+  insts = mctools.assemble("\n".join(lines) + "\n")
+  if len(insts) != len(lines):
+    raise RuntimeError(f"llvm-mc made {len(insts)} instructions of {len(lines)} lines")
+  same = {k: insts[i].opcode == insts[len(made) + i].opcode for i, k in enumerate(made)}
+  # Both rewrites of a key must keep its opcode, or the two cannot be told apart.
+  made = {k: t for k, t in made.items()
+          if same[k] and same.get(k.split("@")[0], True)
+          and same.get(k.split("@")[0] + idioms.IMM_ZERO, True)}
+  out = dict(keys)
+  for (k, text), hx in zip(made.items(), mctools.encode(list(made.values()))):
+    out[k] = {"count": keys.get(k, {}).get("count", 0), "example": text, "hex": hx}
+  return out
+
+
+def collapse_variants(opcodes: dict, suffixes: tuple[str, ...], note: str) -> None:
+  """Drops variant entries (keys ending in `suffixes`) that cost what the plain key
+  costs, and notes the kept ones on the plain key."""
   def sig(e):
     return json.dumps({f: x for f, x in e.items() if f not in ("evidence", "sched_class")},
                       sort_keys=True)
   kept: dict[str, list[str]] = {}
-  for k in sorted(k for k in opcodes if k.endswith(_LEA_VARIANTS)):
+  for k in sorted(k for k in opcodes if k.endswith(suffixes)):
     base = k.split("@")[0]
     if base in opcodes and sig(opcodes[k]) == sig(opcodes[base]):
       del opcodes[k]
     elif base in opcodes:
       kept.setdefault(base, []).append(k)
   for base, ks in kept.items():
-    _add_note(opcodes[base], "address forms that cost more: " + ", ".join(ks))
+    _add_note(opcodes[base], note + ": " + ", ".join(ks))
 
 
 def _add_note(e: dict, msg: str) -> None:
@@ -384,7 +428,7 @@ def build_table(cpu: str, keys: dict | None = None, *, progress: bool = False,
   t0 = time.time()
   if keys is None:
     keys = corpus_keys.load()
-  keys = lea_variants(cc_variants(keys))
+  keys = imm_variants(lea_variants(cc_variants(keys)))
   wanted = set(keys)
   # Group membership and buffers are inferred from many classes at once, so a small
   # key set is padded with the corpus examples (if shipped) as evidence.
@@ -506,7 +550,8 @@ def build_table(cpu: str, keys: dict | None = None, *, progress: bool = False,
              "llvm-mca's values kept")
       e["evidence"] = msg + ("; " + e["evidence"] if e.get("evidence") else "")
   collapse_cc(opcodes)
-  collapse_lea(opcodes)
+  collapse_variants(opcodes, _LEA_VARIANTS, "address forms that cost more")
+  collapse_variants(opcodes, (idioms.IMM_ZERO,), "a zero immediate costs otherwise")
   return table
 
 

@@ -62,10 +62,11 @@ def test_table_covers_corpus_keys(cpu):
 
 @pytest.mark.parametrize("cpu", extract.CPUS)
 def test_table_keys_are_the_corpus_keys(cpu):
-  # Besides the corpus keys, a table holds only condition-code variants (`@<cc>`) and
-  # the slow LEA forms (`@3op`, `@scale`), each where it costs something else.
+  # Besides the corpus keys, a table holds only condition-code variants (`@<cc>`), the
+  # slow LEA forms (`@3op`, `@scale`) and zero immediates (`@imm0`), each where it costs
+  # something else.
   t = _table(cpu)
-  variants = set(extract.CONDITIONS) | {"3op", "scale"}
+  variants = set(extract.CONDITIONS) | {"3op", "scale", "imm0"}
   plain = {k for k in t["opcodes"] if k.split("@")[-1] not in variants}
   assert plain | set(t["unsupported"]) == set(corpus_keys.load())
   for k in set(t["opcodes"]) - plain:
@@ -164,6 +165,20 @@ def test_haswell_condition_code_variants(haswell):
   ops = haswell["opcodes"]
   assert (ops["SETCCr"]["uops"], ops["SETCCr@a"]["uops"], ops["SETCCr@be"]["uops"]) == (1, 2, 2)
   assert "SETCCr@e" not in ops
+
+
+def test_haswell_zero_immediate_variants(haswell):
+  # HWWriteADC0: adc/sbb $0 is 1 uop, latency 1, except on the accumulator.
+  ops = haswell["opcodes"]
+  for k in ("ADC32ri8", "ADC64ri8", "SBB32ri8", "SBB64ri8"):
+    assert (ops[k]["uops"], ops[k]["latency"]) == (2, 2), k
+    assert (ops[k + "@imm0"]["uops"], ops[k + "@imm0"]["latency"]) == (1, 1), k
+  assert not any(k.endswith("@imm0") for k in _table("skylake")["opcodes"])
+  from diffsim.isa import idioms  # pylint: disable=import-outside-toplevel
+  assert idioms.imm_variant("sbbq\t$0, %rdx") == "@imm0"
+  assert idioms.imm_variant("sbbq\t$0x0, 8(%rsp)") == "@imm0"
+  assert idioms.imm_variant("sbbl\t$0, %eax") == idioms.imm_variant("sbbq\t$-1, %rdx") == ""
+  assert idioms.imm_variant("addq\t%rax, %rdx") == ""
 
 
 def test_znver3_facts(znver3):
