@@ -63,6 +63,8 @@ class BlockBatch:
   use_valid: np.ndarray  # [B, L, C] bool
   write_kind: np.ndarray  # [B, L, W] int32: register kind of each write (REG_KINDS), -1 none
   write_alloc: np.ndarray  # [B, L, W] bool: the write takes a physical register
+  write_cost: np.ndarray  # [B, L, W] int32: physical registers a write of its register
+  #                         takes in its file (1, or the file's cost: a YMM is 2 on Zen 1)
   eliminated: np.ndarray  # [B, L] bool: a register move eliminated at dispatch
   loads: np.ndarray  # [B, L] bool: the decoder's view (tables carry llvm-mca's)
   stores: np.ndarray  # [B, L] bool
@@ -171,10 +173,23 @@ class Renaming:
       happens whenever the register file allows it; its per-cycle budget is not
       modelled, which is exact while the budget is at least the dispatch width (Zen
       3: 6 and 6), since every eliminated write costs a micro-op.
+    costs: {register family ("xmm", "ymm", "zmm"): physical registers one write takes}
+      where a file says other than 1 (llvm-mca's per-class RegisterCost).
   """
 
   kinds: frozenset = frozenset()
   move_elim: frozenset = frozenset()
+  costs: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+  def cost(self, write) -> int:
+    """Physical registers `write` (an ir.Write) takes in its file: a vector write by
+    the width it defines (the decoder names every vector register by its ZMM)."""
+    if not self.costs or reg_kind(write.reg) != "vec":
+      return 1
+    return self.costs.get(_VEC_FAMILY.get(write.width, ""), 1)
+
+
+_VEC_FAMILY = {128: "xmm", 256: "ymm", 512: "zmm"}
 
 
 def renaming_for(table) -> Renaming | None:
@@ -188,7 +203,8 @@ def renaming_for(table) -> Renaming | None:
   flags = np.asarray(table.structure.move_elim)
   keys = table.layout.keys
   elim = frozenset(keys[k] for k in np.flatnonzero(flags)) if movers else frozenset()
-  return Renaming(kinds=kinds, move_elim=elim)
+  costs = {family: c for pairs in table.layout.file_costs for family, c in pairs}
+  return Renaming(kinds=kinds, move_elim=elim, costs=costs)
 
 
 # An eliminated swap aliases both of its registers to the one llvm-mca reads first
@@ -511,6 +527,7 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
       use_edge=np.zeros((B, L, C), np.int32), use_valid=np.zeros((B, L, C), bool),
       write_kind=np.full((B, L, MAX_WRITES), -1, np.int32),
       write_alloc=np.zeros((B, L, MAX_WRITES), bool),
+      write_cost=np.zeros((B, L, MAX_WRITES), np.int32),
       eliminated=np.zeros((B, L), bool), loads=np.zeros((B, L), bool), stores=np.zeros((B, L), bool))
   for b, (blk, deps, alloc, elim) in enumerate(zip(blocks, all_deps, all_alloc, all_elim)):
     n = len(blk.instrs)
@@ -531,6 +548,7 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
       for j, w in enumerate(ins.writes[:MAX_WRITES]):
         out["write_kind"][b, c, j] = REG_KINDS.index(reg_kind(w.reg))
         out["write_alloc"][b, c, j] = alloc[c][j]
+        out["write_cost"][b, c, j] = renaming.cost(w) if renaming else 1
       if len(deps[c]) > D:
         raise ValueError(f"block {b}: instruction {c} has {len(deps[c])} deps, more than {D}")
       for d, (p, dist, role, cls, waw, first, last) in enumerate(deps[c]):

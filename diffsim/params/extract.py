@@ -367,10 +367,18 @@ _KIND_PROBES = {
     "mask": "kmovw %k1, %k2",
     "x87": "fadd %st(1), %st",
 }
+# One write of each vector width: a file may take more than one register for a wide one
+# (llvm-mca's RegisterCost; Zen 1/2 take two for a YMM register).
+_COST_PROBES = {
+    "xmm": "vaddps %xmm1, %xmm2, %xmm3",
+    "ymm": "vaddps %ymm1, %ymm2, %ymm3",
+    "zmm": "vaddps %zmm1, %zmm2, %zmm3",
+}
 
 
 def _register_files(cpu: str) -> list:
-  """Named register files with their sizes, kinds and move-elimination limits."""
+  """Named register files with their sizes, kinds, costs of wide writes and
+  move-elimination limits."""
   kinds = list(_KIND_PROBES)
   bodies = [[_KIND_PROBES[k]] for k in kinds]
   # Eight independent moves per file: the largest number eliminated in one cycle is
@@ -378,7 +386,7 @@ def _register_files(cpu: str) -> list:
   moves_gpr = [f"movq %r{a}, %r{b}" for a, b in zip(range(8, 16, 2), range(9, 16, 2))] + [
       "movq %rax, %rbx", "movq %rcx, %rdx", "movq %rsi, %rdi", "movq %rbp, %rsp"]
   moves_vec = [f"vmovaps %xmm{a}, %xmm{a + 1}" for a in range(0, 16, 2)]
-  bodies += [moves_gpr, moves_vec]
+  bodies += [moves_gpr, moves_vec] + [[_COST_PROBES[f]] for f in _COST_PROBES]
   try:
     runs = mcaviews.run_regions(cpu, bodies, ["-iterations=1", "-register-file-stats"])
   except mctools.ToolError:  # a kind the CPU cannot model (mask registers): probe apart
@@ -395,7 +403,12 @@ def _register_files(cpu: str) -> list:
     for f in mcaviews.parse_register_files(text):
       if f.get("Total number of mappings created", 0) > 0:
         files[f["name"]]["classes"].append(kind)
-  for text in runs[len(kinds):]:
+  for family, text in zip(_COST_PROBES, runs[len(kinds) + 2:]):
+    for f in mcaviews.parse_register_files(text):
+      regs = f.get("Total number of mappings created", 0)
+      if regs > 1:
+        files[f["name"]].setdefault("costs", {})[family] = regs
+  for text in runs[len(kinds):len(kinds) + 2]:
     for f in mcaviews.parse_register_files(text):
       if f.get("Number of optimizable moves", 0) > 0:
         files[f["name"]]["max_moves_per_cycle"] = max(

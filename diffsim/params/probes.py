@@ -405,9 +405,10 @@ def _record(table: dict, operand_info: dict, reads: dict, writes: dict) -> None:
 
 
 def _idioms(cpu: str, table: dict, keys: dict, operand_info: dict, reads: dict) -> None:
-  """Marks keys whose explicit register sources llvm-mca ignores."""
-  reg_files = [f for f in table["global"].get("register_files", [])
-               if f.get("max_moves_per_cycle", 0) > 0]
+  """Marks keys whose explicit register sources llvm-mca ignores; a zero idiom among
+  them also takes no physical register (its write is known to be zero)."""
+  files = table["global"].get("register_files", [])
+  movers = any(f.get("max_moves_per_cycle", 0) > 0 for f in files)
   zero_checks = []
   for k, e in table["opcodes"].items():
     r = reads.get(k, {})
@@ -422,12 +423,14 @@ def _idioms(cpu: str, table: dict, keys: dict, operand_info: dict, reads: dict) 
     o = operand_info[k]
     dst = [reg for role, reg in o.writes if role.startswith("op")]
     kind = reg_class(dst[0]) if dst else None
-    if reg_files and kind in ("gpr", "vec"):
+    if files and kind in ("gpr", "vec") and movers:
       s = _scratch(o.used | {_full(dst[0])}, kind, 1)
       mv = (f"movq {_att(_full(dst[0]))}, {_att(s[0])}" if kind == "gpr"
             else f"vmovaps {_att(dst[0] if dst[0].startswith('XMM') else _full(dst[0]))}, "
                  f"{_att(s[0] if dst[0].startswith('YMM') else 'XMM' + s[0][3:])}")
       zero_checks.append((k, [keys[k]["example"], mv]))
+    elif files and kind in ("gpr", "vec"):
+      zero_checks.append((k, [keys[k]["example"]]))
     elif e["latency"] == 0 and not e.get("resources"):
       e["zero_idiom"] = True
       e.pop("dep_breaking")
@@ -437,12 +440,18 @@ def _idioms(cpu: str, table: dict, keys: dict, operand_info: dict, reads: dict) 
                           ["-iterations=1", "-register-file-stats"], as_json=False)
     for (k, _), text in zip(zero_checks, texts):
       e = table["opcodes"][k]
-      zero = any(f.get("Number of zero moves", 0) > 0
-                 for f in mcaviews.parse_register_files(text or ""))
+      stats = mcaviews.parse_register_files(text or "")
+      if movers:  # a following move of the result counts as a zero move
+        zero = any(f.get("Number of zero moves", 0) > 0 for f in stats)
+        how = "a following move counts as a zero move"
+      else:  # the write took no physical register in any file
+        zero = bool(stats) and all(f.get("Total number of mappings created", 1) == 0
+                                   for f in stats)
+        how = "its writes take no physical register"
       if zero:
         e["zero_idiom"] = True
         e.pop("dep_breaking", None)
-        _note(e, "zero idiom: sources ignored, a following move counts as a zero move")
+        _note(e, "zero idiom: sources ignored, " + how)
 
 
 def _move_elim(cpu: str, table: dict, keys: dict) -> None:

@@ -98,6 +98,9 @@ class Layout:
   groups: tuple[str, ...]
   group_members: tuple[int, ...]  # [G] bitmask over units
   file_kinds: tuple[tuple[str, ...], ...]  # [F] register kinds each file renames
+  # [F] (register family, physical registers one write takes) where not 1: Zen 1/2
+  # rename a YMM register as two 128-bit halves (("ymm", 2),).
+  file_costs: tuple[tuple[tuple[str, int], ...], ...] = ()
   unsupported: tuple[tuple[str, str], ...] = ()
   max_direct_units: int = 4  # most units one opcode uses directly (sets a loop length)
   max_kept_groups: int = 4  # most groups one opcode keeps after normalisation
@@ -297,6 +300,8 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
       cpu=doc.get("cpu", "custom"), keys=keys, units=tuple(units), groups=tuple(all_groups),
       group_members=tuple(members[gname] for gname in all_groups),
       file_kinds=tuple(_reg_kind(f.get("classes", ())) for f in files),
+      file_costs=tuple(tuple(sorted((k, int(c)) for k, c in f.get("costs", {}).items()))
+                       for f in files),
       unsupported=tuple(sorted(unsupported.items())),
       max_direct_units=max(1, int((cyc[:, :len(units)] > 0).sum(1).max(initial=0))),
       max_kept_groups=max(1, int((cyc[:, len(units):] > 0).sum(1).max(initial=0))))

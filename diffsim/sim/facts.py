@@ -170,8 +170,10 @@ def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBa
     in_file = f[:, :, None] == jnp.arange(F)[None, None, :]  # [L, 8, F]
     # Dispatch checks a register for every write (DispatchStage::checkPRF); zero
     # idioms, eliminated moves and partial GPR writes then take none.
-    prf_need = jnp.sum(in_file, axis=1).astype(jnp.int32)
-    prf_cost = jnp.sum(in_file & blocks.write_alloc[:, :, None], axis=1).astype(jnp.int32)
+    regs = jnp.where(in_file, blocks.write_cost[:, :, None], 0)
+    prf_need = jnp.sum(regs, axis=1).astype(jnp.int32)
+    prf_cost = jnp.sum(jnp.where(blocks.write_alloc[:, :, None], regs, 0), axis=1
+                       ).astype(jnp.int32)
     prf_cost = jnp.where((structure.zero_idiom[op] | elim)[:, None], 0, prf_cost)
   else:
     prf_need = prf_cost = jnp.zeros((op.shape[0], 0), jnp.int32)

@@ -181,6 +181,18 @@ def test_haswell_zero_immediate_variants(haswell):
   assert idioms.imm_variant("addq\t%rax, %rdx") == ""
 
 
+def test_zen1_register_file_facts():
+  # llvm-mca's Zen 1 renames a YMM register as two 128-bit halves, and its zero idioms
+  # keep latency and resources but take no physical register.
+  t = _table("znver1")
+  fp = next(f for f in t["global"]["register_files"] if "vec" in f["classes"])
+  assert fp["costs"] == {"ymm": 2}
+  ops = t["opcodes"]
+  assert ops["XOR32rr@same"]["zero_idiom"] and ops["XOR32rr@same"]["latency"] == 1
+  assert ops["SBB32rr@same"]["dep_breaking"] and not ops["SBB32rr@same"].get("zero_idiom")
+  assert all("costs" not in f for f in _table("znver3")["global"]["register_files"])
+
+
 def test_znver3_facts(znver3):
   ops = znver3["opcodes"]
   assert ops["IMUL64rr"]["resources"] == [["Zn3ALU1", 1]]
