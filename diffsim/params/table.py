@@ -263,7 +263,7 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
     else:
       kept, touch, expanded = normalise(
           [(n, float(c)) for n, c in op.get("resources", [])], members, order, set(group_names))
-      buffered = [n for n in expanded if bufsize.get(n, -1) > 0]
+      buffered = op.get("buffers", [n for n in expanded if bufsize.get(n, -1) > 0])
     for n, (c, nd, rs) in kept.items():
       cyc[k, col[n]] = c
       need[k, col[n]] = nd

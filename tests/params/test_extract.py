@@ -191,6 +191,7 @@ def test_zen1_register_file_facts():
   assert ops["XOR32rr@same"]["zero_idiom"] and ops["XOR32rr@same"]["latency"] == 1
   assert ops["SBB32rr@same"]["dep_breaking"] and not ops["SBB32rr@same"].get("zero_idiom")
   assert all("costs" not in f for f in _table("znver3")["global"]["register_files"])
+  assert ops["LD_F80m"]["buffers"] == ["ZnAGU", "ZnFPU"]
 
 
 def test_znver3_facts(znver3):
