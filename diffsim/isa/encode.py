@@ -173,20 +173,20 @@ class Renaming:
       happens whenever the register file allows it; its per-cycle budget is not
       modelled, which is exact while the budget is at least the dispatch width (Zen
       3: 6 and 6), since every eliminated write costs a micro-op.
-    costs: {register family ("xmm", "ymm", "zmm"): physical registers one write takes}
+    costs: (register family "xmm" / "ymm" / "zmm", physical registers one write takes)
       where a file says other than 1 (llvm-mca's per-class RegisterCost).
   """
 
   kinds: frozenset = frozenset()
   move_elim: frozenset = frozenset()
-  costs: Mapping[str, int] = dataclasses.field(default_factory=dict)
+  costs: tuple[tuple[str, int], ...] = ()
 
   def cost(self, write) -> int:
     """Physical registers `write` (an ir.Write) takes in its file: a vector write by
     the width it defines (the decoder names every vector register by its ZMM)."""
     if not self.costs or reg_kind(write.reg) != "vec":
       return 1
-    return self.costs.get(_VEC_FAMILY.get(write.width, ""), 1)
+    return dict(self.costs).get(_VEC_FAMILY.get(write.width, ""), 1)
 
 
 _VEC_FAMILY = {128: "xmm", 256: "ymm", 512: "zmm"}
@@ -203,7 +203,7 @@ def renaming_for(table) -> Renaming | None:
   flags = np.asarray(table.structure.move_elim)
   keys = table.layout.keys
   elim = frozenset(keys[k] for k in np.flatnonzero(flags)) if movers else frozenset()
-  costs = {family: c for pairs in table.layout.file_costs for family, c in pairs}
+  costs = tuple(pair for pairs in table.layout.file_costs for pair in pairs)
   return Renaming(kinds=kinds, move_elim=elim, costs=costs)
 
 
