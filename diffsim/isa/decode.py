@@ -382,6 +382,10 @@ def _register_facts(ins, info, idioms_too: bool = True) -> _RegFacts:
     # LLVM's VZEROUPPER only defines YMM0-15 (iced: reads and writes them, as the
     # lower halves survive), so llvm-mca never makes it wait.
     implicit_r = {r: w for r, w in implicit_r.items() if not r.startswith(("ZMM", "YMM"))}
+  if mnemonic in ("vzeroupper", "vzeroall"):
+    # LLVM defines YMM0-15 (iced: ZMM0-15): a register file that renames a YMM as two
+    # halves takes two registers for each (Zen 1/2).
+    implicit_w = {r: 256 if r.startswith("ZMM") else w for r, w in implicit_w.items()}
   elif mnemonic in _SIGN_SPLIT and "RAX" not in implicit_w:
     # LLVM's CWD/CDQ/CQO define the accumulator as well as RDX (iced: RDX only), so
     # its readers wait for them.

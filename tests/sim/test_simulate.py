@@ -78,13 +78,15 @@ def test_operand_dependent_classes_match_llvm_mca(haswell):
 
 # Zen 1 queues behind a long-latency instruction at the head: a YMM write takes two
 # physical registers (llvm-mca's per-class cost), a zero idiom none although it keeps
-# its latency and ALU, and an x87 load holds ZnAGU and ZnFPU scheduler entries that its
-# resource list does not name. Each block differs from llvm-mca when one is missed.
+# its latency and ALU, an x87 load holds ZnAGU and ZnFPU scheduler entries that its
+# resource list does not name, and `vzeroall` writes sixteen YMM registers (LLVM's
+# defs; 32 physical registers). Each block differs from llvm-mca when one is missed.
 ZEN1_QUEUE_BLOCKS = [
     "vpermpd $1, %ymm1, %ymm0; vaddpd %ymm2, %ymm3, %ymm4; vaddpd %ymm2, %ymm3, %ymm5",
     "vpermpd $1, %ymm1, %ymm0; vaddpd %xmm2, %xmm3, %xmm4; vaddpd %xmm2, %xmm3, %xmm5",
     "rdtsc; xorl %esi, %esi; xorl %edi, %edi; xorl %r8d, %r8d",
-    "fldcw 142(%rsp); fldt (%rsi,%rdx)"]
+    "fldcw 142(%rsp); fldt (%rsi,%rdx)",
+    "leaq 128(%rsp), %rsi; addq $16, %rsi; vzeroall; movq %r12, %rax; andq $-8, %rax"]
 
 
 def test_zen1_queues_match_llvm_mca():
