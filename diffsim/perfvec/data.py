@@ -24,6 +24,7 @@ from diffsim.isa.encode import BUCKETS, encode, renaming_for
 from diffsim.isa.ir import Block
 from diffsim.params.sample import sample_params, table_at
 from diffsim.params.table import Params, Table, load_table
+from diffsim.sim import programs
 from diffsim.sim.api import block_error, simulate_sweep
 
 
@@ -82,11 +83,13 @@ def runnable(blocks: Sequence[Block], tables: Sequence[Table], max_len: int) -> 
 
 def _digest(blocks: Sequence[Block], uarchs: Sequence[Uarch], iterations: int,
             tables: tuple) -> str:
-  """A chunk's cache key: the blocks, the uarchs' names and iterations, and the tables' values
-  themselves (parameters and structure), so that a changed sampler or a rebuilt table
-  relabels instead of reading labels of other tables under the same names."""
+  """A chunk's cache key: the blocks, the uarchs' names and iterations, the tables' values
+  themselves (parameters and structure), and the source of the decoder, the tables and
+  the simulator, so that a changed sampler, a rebuilt table or a corrected simulator
+  relabels instead of reading labels it would no longer compute."""
   h = hashlib.blake2b(digest_size=8)
-  h.update(json.dumps([iterations, [u.name for u in uarchs]]).encode())
+  h.update(json.dumps([iterations, [u.name for u in uarchs],
+                       programs.source_digest("isa", "params", "sim")]).encode())
   for b in blocks:
     h.update(b.hex.encode() + b";")
   for leaf in jax.tree.leaves(tables):
@@ -102,8 +105,9 @@ def sweep_labels(blocks: Sequence[Block], uarchs: Sequence[Uarch], cache_dir: Pa
 
   All uarchs must share one base (one layout). Pairs the simulator could not finish
   are NaN. Each chunk of `chunk` uarchs is saved as it completes, under a name that
-  hashes the blocks, its uarchs (names and values) and iterations: a rerun resumes, and
-  a sweep that adds tables (more samples) reuses the chunks it shares with an earlier one.
+  hashes the blocks, its uarchs (names and values), iterations and the simulator's source
+  (`_digest`): a rerun resumes, and a sweep that adds tables (more samples) reuses the
+  chunks it shares with an earlier one.
   """
   table, params = uarch_params(uarchs)
   cache_dir = Path(cache_dir)

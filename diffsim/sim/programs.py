@@ -86,7 +86,7 @@ def _write(path: Path, blob: bytes) -> None:
 def _key(fn, tree, leaves, static: dict) -> str:
   h = hashlib.blake2b(digest_size=16)
   devices = jax.local_devices()
-  h.update(repr((jax.__version__, devices[0].platform, len(devices), _source_digest(),
+  h.update(repr((jax.__version__, devices[0].platform, len(devices), source_digest(),
                  getattr(fn, "__qualname__", repr(fn)), str(tree),
                  [(np.shape(x), str(np.result_type(x))) for x in leaves],
                  sorted((k, repr(v)) for k, v in static.items()))).encode())
@@ -94,10 +94,13 @@ def _key(fn, tree, leaves, static: dict) -> str:
 
 
 @functools.cache
-def _source_digest() -> str:
-  """Every diffsim source file: a changed simulator never loads an old program."""
+def source_digest(*packages: str) -> str:
+  """diffsim's source files (of the named subpackages; all when none are named): a
+  changed simulator never loads an old program, nor old labels."""
   root = Path(__file__).resolve().parents[1]
+  files = [p for d in packages for p in (root / d).rglob("*.py")] if packages else \
+      root.rglob("*.py")
   h = hashlib.blake2b(digest_size=16)
-  for p in sorted(root.rglob("*.py")):
+  for p in sorted(files):
     h.update(str(p.relative_to(root)).encode() + p.read_bytes())
   return h.hexdigest()

@@ -7,6 +7,7 @@ import numpy as np
 
 from diffsim.isa import parse_asm
 from diffsim.perfvec.data import Uarch, _digest, sweep_labels, uarch_params
+from diffsim.sim import programs
 
 
 def test_label_cache_key_covers_the_tables_values_not_just_their_names():
@@ -22,6 +23,16 @@ def test_label_cache_key_covers_the_tables_values_not_just_their_names():
   assert key != _digest(blocks, uarchs, 20, (params, flags))
   assert key != _digest(blocks, uarchs, 40, (params, table.structure))
   assert key != _digest(blocks[:0], uarchs, 20, (params, table.structure))
+
+
+def test_label_cache_key_covers_the_simulator_source(monkeypatch):
+  # A corrected decoder, table loader or simulator relabels (the labels are its output).
+  blocks = [parse_asm("addq $1, %rax")]
+  uarchs = [Uarch("haswell", 0, 0)]
+  table, params = uarch_params(uarchs)
+  key = _digest(blocks, uarchs, 20, (params, table.structure))
+  monkeypatch.setattr(programs, "source_digest", lambda *packages: "edited")
+  assert key != _digest(blocks, uarchs, 20, (params, table.structure))
 
 
 def test_a_sweep_with_more_tables_reuses_the_chunks_it_shares(tmp_path):

@@ -69,4 +69,4 @@ def test_the_key_covers_shapes_static_arguments_and_code():
   assert key(batch8) == key(batch8)
   assert len({key(batch8), key(batch16), key(batch8, window=256),
               key(batch8, layout=other.layout)}) == 4
-  assert len(programs._source_digest()) == 32
+  assert len(programs.source_digest()) == 32
