@@ -378,11 +378,11 @@ def _register_facts(ins, info, idioms_too: bool = True) -> _RegFacts:
     # LLVM's LEAVE64 uses RSP as well as RBP (iced lists only RBP, since the old
     # RSP is overwritten); llvm-mca makes `leave` wait for the last RSP writer.
     implicit_r.setdefault("RSP", 64)
-  elif mnemonic == "vzeroupper":
-    # LLVM's VZEROUPPER only defines YMM0-15 (iced: reads and writes them, as the
-    # lower halves survive), so llvm-mca never makes it wait.
-    implicit_r = {r: w for r, w in implicit_r.items() if not r.startswith(("ZMM", "YMM"))}
-  if mnemonic in ("vzeroupper", "vzeroall"):
+  elif mnemonic in ("vzeroupper", "vzeroall"):
+    if mnemonic == "vzeroupper":
+      # LLVM's VZEROUPPER only defines YMM0-15 (iced: reads and writes them, as the
+      # lower halves survive), so llvm-mca never makes it wait.
+      implicit_r = {r: w for r, w in implicit_r.items() if not r.startswith(("ZMM", "YMM"))}
     # LLVM defines YMM0-15 (iced: ZMM0-15): a register file that renames a YMM as two
     # halves takes two registers for each (Zen 1/2).
     implicit_w = {r: 256 if r.startswith("ZMM") else w for r, w in implicit_w.items()}

@@ -423,14 +423,15 @@ def _idioms(cpu: str, table: dict, keys: dict, operand_info: dict, reads: dict) 
     o = operand_info[k]
     dst = [reg for role, reg in o.writes if role.startswith("op")]
     kind = reg_class(dst[0]) if dst else None
-    if files and kind in ("gpr", "vec") and movers:
-      s = _scratch(o.used | {_full(dst[0])}, kind, 1)
-      mv = (f"movq {_att(_full(dst[0]))}, {_att(s[0])}" if kind == "gpr"
+    if files and kind in ("gpr", "vec"):
+      body = [keys[k]["example"]]
+      if movers:  # a move of the result after it
+        s = _scratch(o.used | {_full(dst[0])}, kind, 1)
+        body.append(
+            f"movq {_att(_full(dst[0]))}, {_att(s[0])}" if kind == "gpr"
             else f"vmovaps {_att(dst[0] if dst[0].startswith('XMM') else _full(dst[0]))}, "
                  f"{_att(s[0] if dst[0].startswith('YMM') else 'XMM' + s[0][3:])}")
-      zero_checks.append((k, [keys[k]["example"], mv]))
-    elif files and kind in ("gpr", "vec"):
-      zero_checks.append((k, [keys[k]["example"]]))
+      zero_checks.append((k, body))
     elif e["latency"] == 0 and not e.get("resources"):
       e["zero_idiom"] = True
       e.pop("dep_breaking")
