@@ -8,3 +8,7 @@
 - `baselines`: random search, AutoTVM-style (gradient boosting + annealing), plain BO.
 - `cli`: `diffsim search TASK --target CPU --budget N`.
 """
+
+# The methods `diffsim search --method` takes (defined here, where the CLI parser can
+# read them without importing the models).
+ALL_METHODS = ("glimpse", "random", "autotvm", "bo")

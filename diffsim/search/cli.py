@@ -19,7 +19,7 @@ from diffsim.cli import CliError, _enable_compile_cache, _load_table, _positive_
 
 def add_subcommand(subparsers) -> None:
   from diffsim.search.space import TASKS
-  from diffsim.search.trials import ALL_METHODS
+  from diffsim.search import ALL_METHODS
 
   p = subparsers.add_parser("search", help="tune a kernel's code-generation knobs for a CPU")
   p.add_argument("task", choices=sorted(TASKS), metavar="TASK",

@@ -12,12 +12,11 @@ import dataclasses
 
 import numpy as np
 
+from diffsim.search import ALL_METHODS
 from diffsim.search.baselines import METHODS, transfer_search
 from diffsim.search.evaluate import Costs, Objective
 from diffsim.search.glimpse import glimpse_search
 from diffsim.search.space import Task
-
-ALL_METHODS = ("glimpse", "random", "autotvm", "bo")
 
 
 @dataclasses.dataclass(frozen=True)
