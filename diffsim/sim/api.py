@@ -116,6 +116,14 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
   Returns:
     (cycles [B] int32, overflow [B] bool) as numpy arrays.
   """
+  return _finish(_launch(table, batch, iterations, fast_forward=fast_forward,
+                         max_cycles=max_cycles, slots=slots, window=window))
+
+
+def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool = True,
+            max_cycles: int = DEFAULT_MAX_CYCLES, slots: int = 64, window: int | None = None):
+  """Starts `simulate` and returns at once: JAX runs the program asynchronously, so the
+  host can prepare the next batch meanwhile. `_finish` waits for the result."""
   rob = rob_entries(table.params.rob_size)
   if window is None:
     window = window_for(rob)
@@ -132,6 +140,12 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
       _simulate, (params, table.structure, batch_p, its_p),
       dict(layout=table.layout, window=window, max_cycles=max_cycles,
            fast_forward=fast_forward, slots=slots))
+  return cycles, overflow, B
+
+
+def _finish(launched):
+  """(cycles [B], overflow [B]) as numpy arrays, once the launched program is done."""
+  cycles, overflow, B = launched
   return np.asarray(cycles)[:B], np.asarray(overflow)[:B]
 
 
@@ -246,34 +260,58 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
     for s in range(0, len(ids), batch_size):
       jobs.append((L, ids[s:s + batch_size]))
   bar = _progress(len(jobs), progress)
-  for L, ids in jobs:
-    ids, batch = _encode_or_report(blocks, ids, idx, L, out, renaming_for(table))
-    if not ids:
+  # Each job is launched before the previous one is collected: the host encodes the
+  # next batch while the devices simulate, and a device that finishes its share of one
+  # job early starts on the next.
+  previous = None
+  for k, (L, ids) in enumerate(jobs):
+    started = _start_job(table, blocks, ids, L, out, iterations, throughput)
+    if k:
+      _collect(previous, out, iterations, throughput)
       bar.update(1)
-      continue
-    m = len(ids)
-    if throughput == "total":
-      its = np.full(m, iterations)
-    else:  # the same blocks twice: N and 2N iterations
-      batch = jax.tree.map(lambda x: np.concatenate([x, x]), batch)
-      its = np.concatenate([np.full(m, iterations), np.full(m, 2 * iterations)])
-    # Pad to a power of two with zero-iteration copies (they finish at once) so that
-    # few batch shapes, hence few compilations, ever occur.
-    size = max(8, 1 << (len(its) - 1).bit_length())
-    batch = jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[:1], size - len(its), 0)]),
-                         batch)
-    cyc, ovf = simulate(table, batch, np.concatenate([its, np.zeros(size - len(its), int)]))
-    if throughput == "total":
-      vals, ovf = cyc[:m] * (100.0 / iterations), ovf[:m]
-    else:
-      vals = 100.0 * (cyc[m:2 * m] - cyc[:m]) / iterations
-      ovf = ovf[:m] | ovf[m:2 * m]
-    for i, v, o in zip(ids, vals, ovf):
-      out[i] = (Prediction(None, "did not finish within the cycle budget") if o
-                else Prediction(float(v)))
+    previous = started
+  if jobs:
+    _collect(previous, out, iterations, throughput)
     bar.update(1)
   bar.close()
   return out  # type: ignore[return-value]
+
+
+def _start_job(table: Table, blocks, ids, L: int, out, iterations: int, throughput: str):
+  """Encodes one job's blocks and launches its simulation: (ids, launched), or None when
+  none of them could be encoded (their error rows are written)."""
+  ids, batch = _encode_or_report(blocks, ids, table.layout.index, L, out, renaming_for(table))
+  if not ids:
+    return None
+  m = len(ids)
+  if throughput == "total":
+    its = np.full(m, iterations)
+  else:  # the same blocks twice: N and 2N iterations
+    batch = jax.tree.map(lambda x: np.concatenate([x, x]), batch)
+    its = np.concatenate([np.full(m, iterations), np.full(m, 2 * iterations)])
+  # Pad to a power of two with zero-iteration copies (they finish at once) so that
+  # few batch shapes, hence few compilations, ever occur.
+  size = max(8, 1 << (len(its) - 1).bit_length())
+  batch = jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[:1], size - len(its), 0)]),
+                       batch)
+  return ids, _launch(table, batch, np.concatenate([its, np.zeros(size - len(its), int)]))
+
+
+def _collect(started, out, iterations: int, throughput: str) -> None:
+  """Waits for a launched job and writes its rows."""
+  if started is None:
+    return
+  ids, launched = started
+  cyc, ovf = _finish(launched)
+  m = len(ids)
+  if throughput == "total":
+    vals, ovf = cyc[:m] * (100.0 / iterations), ovf[:m]
+  else:
+    vals = 100.0 * (cyc[m:2 * m] - cyc[:m]) / iterations
+    ovf = ovf[:m] | ovf[m:2 * m]
+  for i, v, o in zip(ids, vals, ovf):
+    out[i] = (Prediction(None, "did not finish within the cycle budget") if o
+              else Prediction(float(v)))
 
 
 def _encode_or_report(blocks, ids, idx, L, out, renaming=None):

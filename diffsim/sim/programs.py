@@ -26,8 +26,15 @@ import numpy as np
 from jax import export
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+# XLA:CPU splits every reduction over more than 32 elements into a reduce-window and a
+# second reduction (its tree-reduction rewrite, which keeps long float sums precise).
+# The cycle loop's reductions over the window are integer or boolean, exact either way,
+# and split they took a fifth of its time; the hard simulator's programs compile
+# without the rewrite (`benchmarks/RESULTS.md`, "eighth session").
+COMPILER_OPTIONS = {"xla_disable_hlo_passes": "tree_reduction_rewriter"}
+
 _dir: Path | None = None
-_loaded: dict[str, Callable] = {}
+_loaded: dict[tuple[str, Path | None], Callable] = {}
 
 
 def keep_programs(path: str | Path | None) -> None:
@@ -37,18 +44,27 @@ def keep_programs(path: str | Path | None) -> None:
 
 
 def call(fn, args: tuple, static: dict):
-  """`fn(*args, **static)` for a jitted `fn`, through a kept program when a directory is
-  set. `args` may be pytrees of arrays; `static` are `fn`'s static arguments."""
-  if _dir is None:
-    return fn(*args, **static)
+  """`fn(*args, **static)` for a jitted `fn`, compiled with `COMPILER_OPTIONS`, through a
+  kept program when a directory is set. `args` may be pytrees of arrays; `static` are
+  `fn`'s static arguments."""
   leaves, tree = jax.tree.flatten(args)
   # On the host: an array committed to one device would not fit the program's shardings.
   leaves = [np.asarray(x) for x in leaves]
   key = _key(fn, tree, leaves, static)
-  run = _loaded.get(key)
+  run = _loaded.get((key, _dir))
   if run is None:
-    run = _loaded[key] = _load_or_trace(fn, tree, leaves, static, _dir / f"{key}.jaxexport")
+    run = _loaded[key, _dir] = (
+        _compile(fn, tree, leaves, static) if _dir is None
+        else _load_or_trace(fn, tree, leaves, static, _dir / f"{key}.jaxexport"))
   return run(*leaves)
+
+
+def _compile(fn, tree, leaves, static) -> Callable:
+  """`fn` traced in this process and compiled with `COMPILER_OPTIONS`, as a function of
+  the leaves."""
+  compiled = fn.lower(*jax.tree.unflatten(tree, leaves), **static).compile(
+      compiler_options=COMPILER_OPTIONS)
+  return lambda *xs: compiled(*jax.tree.unflatten(tree, xs))
 
 
 def _load_or_trace(fn, tree, leaves, static, path: Path) -> Callable:
@@ -67,9 +83,10 @@ def _load_or_trace(fn, tree, leaves, static, path: Path) -> Callable:
       exported = export.export(flat)(*leaves)
       _write(path, exported.serialize())
     except Exception:  # noqa: BLE001 - what cannot be exported still runs, traced here
-      return lambda *xs: fn(*jax.tree.unflatten(tree, xs), **static)
+      return _compile(fn, tree, leaves, static)
   return jax.jit(exported.call, in_shardings=exported.in_shardings_jax(mesh),
-                 out_shardings=exported.out_shardings_jax(mesh))
+                 out_shardings=exported.out_shardings_jax(mesh),
+                 compiler_options=COMPILER_OPTIONS)
 
 
 def _write(path: Path, blob: bytes) -> None:
