@@ -26,9 +26,11 @@ from diffsim.isa.ir import Block
 from diffsim.params.table import Layout, Params, Structure, Table
 from diffsim.sim import programs, soft
 from diffsim.sim.facts import gather
+from diffsim.sim.issue import POS_BITS
 from diffsim.sim.pipeline import integer_globals, run_block, run_queue
 
 DEFAULT_MAX_CYCLES = 1 << 20
+MAX_WINDOW = 1 << POS_BITS
 
 
 def rob_entries(rob_size) -> int:
@@ -44,7 +46,14 @@ def window_for(rob_size) -> int:
   Every instruction in flight holds at least one ROB entry, so this many slots always
   suffice; the window's width sets the cost of every per-cycle pass over it.
   """
-  return max(32, -(-rob_entries(rob_size) // 32) * 32)
+  return _check_window(max(32, -(-rob_entries(rob_size) // 32) * 32))
+
+
+def _check_window(window: int) -> int:
+  if window > MAX_WINDOW:
+    raise ValueError(f"a window of {window} slots exceeds the simulator's {MAX_WINDOW} (the "
+                     f"ROB size is too large: issue priority keys hold a slot's position)")
+  return window
 
 
 def _mesh() -> Mesh:
@@ -129,6 +138,7 @@ def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
     window = window_for(rob)
   elif window < rob:
     raise ValueError(f"window {window} is smaller than the ROB ({rob} entries)")
+  _check_window(window)
   B = batch.opcode.shape[0]
   its = np.broadcast_to(np.asarray(iterations, np.int32), (B,)).copy()
   n_dev = len(jax.local_devices())

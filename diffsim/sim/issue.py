@@ -36,6 +36,7 @@ from diffsim.sim.state import (ISSUE, LOAD, LOAD_BARRIER, ORDER, PREV, STORE, ST
                                State, inflight, slot_dyn)
 
 K = 2  # candidates considered per round
+POS_BITS = 10  # priority keys end in the slot's distance from the head: windows <= 1024
 
 
 def notify(seq, skip, members, unit_bit, on):
@@ -150,15 +151,18 @@ _ROW = ("unit_mask", "dunit", "dunit_cycles", "dunit_on", "grp", "grp_cycles", "
         "grp_reserved", "grp_on", "grp_members", "blocked_by")
 
 
-def _best(key, k):
-  """The k smallest keys' positions, by repeated argmin (cheaper than top_k on CPU)."""
+def _best(key, k, head):
+  """The slots of the k smallest keys. Keys are distinct and end in the slot's distance
+  from the ROB head (POS_BITS bits), so a plain min finds each: XLA:CPU vectorises a
+  min, not an argmin."""
   top = jnp.iinfo(jnp.int32).max
+  W = key.shape[0]
   slots, valid = [], []
   for _ in range(k):
-    i = jnp.argmin(key).astype(jnp.int32)
-    slots.append(i)
-    valid.append(key[i] < top)
-    key = jnp.where(jnp.arange(key.shape[0]) == i, top, key)
+    low = jnp.min(key)
+    slots.append(jnp.mod(head + (low & ((1 << POS_BITS) - 1)), W))
+    valid.append(low < top)
+    key = jnp.where(key == low, top, key)
   return jnp.stack(slots), jnp.stack(valid)
 
 
@@ -195,8 +199,9 @@ def _round(state: State, facts: Facts, members, tried):
   stuck = oldest(unissued & is_mem & ~ready)
   cand = ready & (~store | (dyn <= stuck))
   pos = dyn - state.head
-  key = jnp.where(cand, (pos - state.users + 8192) * 1024 + pos, jnp.iinfo(jnp.int32).max)
-  slots, valid = _best(key, K)
+  key = jnp.where(cand, ((pos - state.users + 8192) << POS_BITS) + pos,
+                  jnp.iinfo(jnp.int32).max)
+  slots, valid = _best(key, K, state.head)
   dyn_k = dyn[slots]
   c_k = state.index[slots]
   store_k = store[slots]
