@@ -122,6 +122,18 @@ def test_a_window_smaller_than_the_rob_is_refused(haswell):
     simulate(haswell, batch, 37, window=64)
 
 
+def test_a_window_beyond_the_priority_keys_is_refused(haswell):
+  # Issue priority keys hold a slot's distance from the ROB head in POS_BITS bits.
+  from diffsim.sim.api import MAX_WINDOW, window_for
+
+  batch = encode([parse_asm(a) for a in SMALL], haswell.layout.index, length=8)
+  with pytest.raises(ValueError, match="exceeds the simulator's 1024"):
+    simulate(haswell, batch, 37, window=MAX_WINDOW + 32)
+  assert window_for(MAX_WINDOW) == MAX_WINDOW
+  with pytest.raises(ValueError, match="ROB size is too large"):
+    window_for(MAX_WINDOW + 1)
+
+
 def test_second_call_does_not_recompile(haswell):
   batch = encode([parse_asm(a) for a in SMALL], haswell.layout.index, length=8)
   simulate(haswell, batch, 10)
