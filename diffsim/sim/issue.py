@@ -191,7 +191,12 @@ def _round(state: State, facts: Facts, members, tried):
   res = (state.busy_until, None, None, state.reserved_until)
   free_now = jax.vmap(lambda row: can_take(res, row, members, t))(
       {name: getattr(facts, name) for name in _ROW})
-  ready = waiting & mem_ok & free_now[state.index]
+  L = free_now.shape[0]
+  if L <= 32:  # as a bitmask: a vectorised shift per slot instead of a gather
+    bits = jnp.sum(jnp.where(free_now, 1 << jnp.arange(L, dtype=jnp.int32), 0))
+    ready = waiting & mem_ok & (((bits >> state.index) & 1) != 0)
+  else:
+    ready = waiting & mem_ok & free_now[state.index]
   # A store needs every older memory operation issued. One that waits on an older
   # operation that cannot issue this cycle is no candidate; the rest are checked
   # exactly in the scan below.
