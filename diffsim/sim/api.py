@@ -138,7 +138,8 @@ def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
     window = window_for(rob)
   elif window < rob:
     raise ValueError(f"window {window} is smaller than the ROB ({rob} entries)")
-  _check_window(window)
+  else:
+    _check_window(window)  # window_for checks its own
   B = batch.opcode.shape[0]
   its = np.broadcast_to(np.asarray(iterations, np.int32), (B,)).copy()
   n_dev = len(jax.local_devices())
