@@ -166,14 +166,16 @@ def _best(key, k, head):
   return jnp.stack(slots), jnp.stack(valid)
 
 
-def _round(state: State, facts: Facts, members, tried):
-  """Scans the K best untried candidates once; returns the new state and flags."""
+def issue_round(state: State, facts: Facts, members) -> State:
+  """Scans the K best untried candidates once; sets `state.more` when another round of
+  the same cycle is due."""
   t = state.t
   W = state.issue_t.shape[0]
   dyn = slot_dyn(state)
   live = inflight(state)
   unissued = live & (state.issue_t >= BIG)
   executed = live & (state.issue_t + state.latency <= t)
+  tried = state.tried
   waiting = unissued & (state.pending == 0) & (state.ready_t <= t) & ~tried
   has = lambda bit: (state.flags & bit) != 0  # noqa: E731
   store = has(STORE)
@@ -282,23 +284,11 @@ def _round(state: State, facts: Facts, members, tried):
   state = state.replace(busy_until=busy, seq=seq, skip=skip, reserved_until=reserved_until,
                         last_user=last_user, last_col=last_col, issue_t=issue_t,
                         rs_used=rs_used, ready_t=ready_t, pending=pending,
-                        issued=state.issued + jnp.sum(issued).astype(jnp.int32))
+                        issued=state.issued + jnp.sum(issued).astype(jnp.int32),
+                        tried=tried, more=more)
   if record:
     rows_k = jnp.where(issued, dyn_k, state.trace.shape[0])
     state = state.replace(trace=state.trace.at[rows_k, ISSUE].set(t, mode="drop")
                           .at[rows_k, ORDER].set(order, mode="drop")
                           .at[rows_k, PREV:].set(recs.reshape(K, -1), mode="drop"))
-  return state, tried, more
-
-
-def issue(state: State, facts: Facts, members: jax.Array) -> State:
-  """The issue loop of one cycle."""
-  W = state.issue_t.shape[0]
-
-  def body(carry):
-    state, tried, _ = carry
-    return _round(state, facts, members, tried)
-
-  state, _, _ = lax.while_loop(lambda c: c[2], body,
-                               (state, jnp.zeros(W, bool), jnp.ones((), bool)))
   return state

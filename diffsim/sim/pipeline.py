@@ -1,9 +1,9 @@
 """One block through the whole pipeline: the cycle loop.
 
-`step` is one cycle, a straight list of stage calls in llvm-mca's order: retire,
-issue (the execute stage's release/complete/wake-up are implicit in the cycle
-numbers it compares), then dispatch (pipeline-model.md 4). `run_block` repeats it
-until every instruction of every iteration has retired.
+A cycle is a straight list of stage calls in llvm-mca's order: retire, issue (the
+execute stage's release/complete/wake-up are implicit in the cycle numbers it
+compares), then dispatch (pipeline-model.md 4); `step` runs it one issue round at a
+time. `run_block` repeats it until every instruction of every iteration has retired.
 """
 
 from __future__ import annotations
@@ -29,12 +29,26 @@ def integer_globals(params) -> dict:
               prf_size=r(params.prf_size))
 
 
-def step(state: State, facts: Facts, members, g) -> State:
-  """One cycle."""
-  state = retire_stage.retire(state, facts, g["retire_width"])
-  state = issue_stage.issue(state, facts, members)
-  state = dispatch_stage.dispatch(state, facts, g)
-  return state.replace(t=state.t + 1)
+def step(state: State, facts: Facts, members, g):
+  """One step of the loop: retirement when a cycle begins, one issue round, and, once
+  no further round is due, dispatch and the clock's advance. Returns (state, done):
+  `done` when the cycle ended; otherwise the next step continues it.
+
+  llvm-mca repeats issue rounds until none can issue. Most cycles need one or two
+  (1.6 on average), but under `vmap` a loop runs as long as its slowest lane, and
+  among 64 blocks one nearly always needs three or four. One round per step lets every
+  block take only the rounds it needs.
+  """
+  start = ~state.more
+  state = state.replace(mark_head=jnp.where(start, state.head, state.mark_head),
+                        mark_issued=jnp.where(start, state.issued, state.mark_issued),
+                        tried=state.tried & ~start, more=jnp.ones((), bool))
+  state = retire_stage.retire(state, facts, g["retire_width"], on=start)
+  state = issue_stage.issue_round(state, facts, members)
+  done = ~state.more
+  after = dispatch_stage.dispatch(state, facts, g)
+  after = after.replace(t=after.t + 1)
+  return jax.tree.map(lambda a, b: jnp.where(done, a, b), after, state), done
 
 
 def next_event(state: State) -> jax.Array:
@@ -68,14 +82,13 @@ def advance(state: State, memory, facts: Facts, members, g, fast_forward: bool):
 
 def stride(state: State, memory, facts: Facts, members, g):
   """One cycle and the idle cycles after it; also whether to take a fingerprint now."""
-  before = state.next
-  marks = (state.head, state.next, state.issued, state.carry)
-  state = step(state, facts, members, g)
+  before, carry = state.next, state.carry  # dispatch alone changes them, at a cycle's end
+  state, done = step(state, facts, members, g)
   # Idle: nothing retired, issued or dispatched, and no wide instruction dispatching.
-  idle = ((state.head == marks[0]) & (state.next == marks[1]) & (state.issued == marks[2])
-          & (marks[3] == 0) & (state.carry == 0))
+  idle = (done & (state.head == state.mark_head) & (state.next == before)
+          & (state.issued == state.mark_issued) & (carry == 0) & (state.carry == 0))
   state = state.replace(t=jnp.where(idle, jnp.maximum(state.t, next_event(state)), state.t))
-  return state, period.crossed(state, before, facts.n, memory, facts.settle)
+  return state, done & period.crossed(state, before, facts.n, memory, facts.settle)
 
 
 def running(state: State, max_cycles: int):

@@ -14,8 +14,8 @@ from diffsim.sim.facts import Facts
 from diffsim.sim.state import LOAD, STORE, State, inflight, slot_dyn
 
 
-def retire(state: State, facts: Facts, retire_width) -> State:
-  """Retires the executed prefix of the ROB."""
+def retire(state: State, facts: Facts, retire_width, on=True) -> State:
+  """Retires the executed prefix of the ROB (nothing where `on` is false)."""
   W = state.issue_t.shape[0]
   pos = jnp.mod(jnp.arange(W, dtype=jnp.int32) - state.head, W)  # distance from the head
   del facts  # everything needed was copied into the window at dispatch
@@ -24,6 +24,7 @@ def retire(state: State, facts: Facts, retire_width) -> State:
   # not executed bounds it.
   blocker = jnp.min(jnp.where(executed, W, pos))
   count = jnp.where(retire_width > 0, jnp.minimum(blocker, retire_width), blocker)
+  count = jnp.where(on, count, 0)
   gone = inflight(state) & (pos < count)
   freed = lambda x: jnp.sum(jnp.where(gone, x, 0))  # noqa: E731
   T = state.trace.shape[0]

@@ -69,6 +69,12 @@ class State:
   last_user: jax.Array  # [U] int32: dynamic index of each unit's latest user (-1 none)
   last_col: jax.Array  # [U] int32: the resource column it used the unit through
   trace: jax.Array  # [T, trace_columns] int32: the first T dynamic instructions
+  # A cycle's issue stage may span several steps of the loop (`pipeline.step`); between
+  # them these hold where it stands.
+  more: jax.Array  # [] bool: the cycle's issue rounds are not finished
+  tried: jax.Array  # [W] bool: scanned this cycle without issuing (see issue.py)
+  mark_head: jax.Array  # [] int32: head when the cycle began (before retiring)
+  mark_issued: jax.Array  # [] int32: `issued` when the cycle began
 
 
 def init(total, num_units: int, group_members, num_resources: int, num_files: int,
@@ -91,7 +97,8 @@ def init(total, num_units: int, group_members, num_resources: int, num_files: in
       prf_cost=jnp.zeros((window, num_files), jnp.int32),
       overflow=jnp.zeros((), bool), issued=z, why=z,
       last_user=jnp.full(num_units, -1, jnp.int32), last_col=jnp.zeros(num_units, jnp.int32),
-      trace=jnp.full((trace, trace_columns(uses)), -1, jnp.int32))
+      trace=jnp.full((trace, trace_columns(uses)), -1, jnp.int32),
+      more=jnp.zeros((), bool), tried=jnp.zeros(window, bool), mark_head=z, mark_issued=z)
 
 
 def slot_dyn(state: State) -> jax.Array:
