@@ -175,12 +175,15 @@ def _write(state: State, facts: Facts, first, count) -> State:
   return state
 
 
-def dispatch(state: State, facts: Facts, g) -> State:
-  """Dispatches this cycle's instructions. `g`: integer globals (see pipeline.py)."""
+def dispatch(state: State, facts: Facts, g, on=True) -> State:
+  """Dispatches this cycle's instructions (none, and no change, where `on` is false).
+  `g`: integer globals (see pipeline.py)."""
   width = g["dispatch_width"]
   slots = jnp.where(state.carry > 0, jnp.maximum(0, width - state.carry), width)
-  state = state.replace(
-      carry=jnp.where(state.carry > 0, state.carry - (width - slots), state.carry))
+  state = state.replace(carry=jnp.where(on & (state.carry > 0),
+                                        state.carry - (width - slots), state.carry))
+  slots = jnp.where(on, slots, 0)  # no slot: nothing goes, and nothing is written
+  why = state.why
 
   def group(carry):
     state, slots, _ = carry
@@ -195,5 +198,5 @@ def dispatch(state: State, facts: Facts, g) -> State:
   state, slots, _ = lax.while_loop(lambda c: c[2], group, (state, slots, go))
   counters = {name: getattr(state, name) for name in _COUNTERS}
   row = _rows(facts, jnp.mod(state.next, facts.n))
-  return state.replace(why=jnp.where(state.next < state.total,
-                                     blockers(counters, slots, row, g), 0))
+  return state.replace(why=jnp.where(on, jnp.where(state.next < state.total,
+                                                  blockers(counters, slots, row, g), 0), why))

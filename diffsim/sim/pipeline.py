@@ -46,9 +46,8 @@ def step(state: State, facts: Facts, members, g):
   state = retire_stage.retire(state, facts, g["retire_width"], on=start)
   state = issue_stage.issue_round(state, facts, members)
   done = ~state.more
-  after = dispatch_stage.dispatch(state, facts, g)
-  after = after.replace(t=after.t + 1)
-  return jax.tree.map(lambda a, b: jnp.where(done, a, b), after, state), done
+  state = dispatch_stage.dispatch(state, facts, g, on=done)
+  return state.replace(t=state.t + done.astype(jnp.int32)), done
 
 
 def next_event(state: State) -> jax.Array:
