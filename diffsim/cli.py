@@ -26,6 +26,7 @@ Throughputs leave the command in BHive's unit, cycles per 100 iterations:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import csv
 import importlib
 import json
@@ -323,9 +324,12 @@ def cmd_mca(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-  table = _load_table(args.params)
   _, rows = _read_rows(args)
-  blocks = _decode(rows, args.progress)
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    # Decoding waits mostly on llvm-mc processes: the table and JAX load meanwhile.
+    decoding = pool.submit(_decode, rows, args.progress)
+    table = _load_table(args.params)
+    blocks = decoding.result()
   preds = sim_predict(table, blocks, args.iterations, args.throughput, args.progress)
   _write_predictions(args.output, [_hex_field(r) for r in rows], preds)
   _report_failures(f"diffsim --params {args.params}", preds)
