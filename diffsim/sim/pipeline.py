@@ -80,7 +80,8 @@ def advance(state: State, memory, facts: Facts, members, g, fast_forward: bool):
 
 
 def stride(state: State, memory, facts: Facts, members, g):
-  """One cycle and the idle cycles after it; also whether to take a fingerprint now."""
+  """One step and, when it ends a cycle, the idle cycles after it; also whether to take
+  a fingerprint now (only at a cycle's end)."""
   before, carry = state.next, state.carry  # dispatch alone changes them, at a cycle's end
   state, done = step(state, facts, members, g)
   # Idle: nothing retired, issued or dispatched, and no wide instruction dispatching.
