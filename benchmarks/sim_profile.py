@@ -3,8 +3,8 @@
 Runs `simulate` once to compile, then once under `jax.profiler`, and maps every XLA
 kernel the trace shows to the Python lines it was fused from (through the stack-frame
 table of the optimised HLO, dumped for the purpose). Prints three tables: time by
-stage file, by source line, and by how often a kernel runs (per cycle, per issue
-round, per resource step), with kernels per simulated cycle. The profiler adds about
+stage file, by source line, and by how often a kernel runs (per step of the loop, per
+resource step), with kernels per step (a step is one issue round: `pipeline.step`). The profiler adds about
 a microsecond to every kernel, so small kernels look dearer than they are: compare
 shares between versions, not against wall time.
 
@@ -171,21 +171,21 @@ def report():
     kernels_by_runs[runs[name]] += 1
     if f == "retire.py":
       retire_runs[runs[name]] += 1
-  # The retire stage runs exactly once per simulated cycle.
-  per_cycle = retire_runs.most_common(1)[0][0]
+  # The retire stage runs exactly once per step of the loop.
+  per_step = retire_runs.most_common(1)[0][0]
   events = sum(runs.values())
   print(f"# simulate profile: {len(runnable)} blocks of {lo}-{hi} instructions ({source}), "
-        f"{ARGS.cpu}, 100 iterations, 1 device; {per_cycle} batched cycles traced, "
-        f"{events / per_cycle:.0f} kernel runs per cycle")
+        f"{ARGS.cpu}, 100 iterations, 1 device; {per_step} batched steps traced, "
+        f"{events / per_step:.0f} kernel runs per step")
   share_table("kernel time by stage", by_file, ARGS.top)
   share_table("kernel time by source line (innermost simulator frame)", by_line, ARGS.top)
-  print("\n# kernels by how often they run (per traced cycle)")
-  print(f"{'runs/cycle':>10s} {'kernels':>8s} {'share':>7s}")
+  print("\n# kernels by how often they run (per traced step)")
+  print(f"{'runs/step':>10s} {'kernels':>8s} {'share':>7s}")
   whole = sum(by_runs.values())
   merged, count = collections.Counter(), collections.Counter()
   for r, us in by_runs.items():  # a round's kernels run 1,323 or 1,324 times: one class
-    merged[round(r / per_cycle, 1)] += us
-    count[round(r / per_cycle, 1)] += kernels_by_runs[r]
+    merged[round(r / per_step, 1)] += us
+    count[round(r / per_step, 1)] += kernels_by_runs[r]
   for r, us in merged.most_common(8):
     print(f"{r:10.1f} {count[r]:8d} {us / whole:7.1%}")
   return 0
