@@ -86,6 +86,7 @@ class Structure:
   begin_group: Any  # [K] bool
   end_group: Any  # [K] bool
   supported: Any  # [K] bool: the CPU model can simulate this opcode
+  implied: Any  # [K] int32: bitmask of units that must be free at issue, unused (below)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +194,40 @@ def normalise(entries, members: Mapping[str, int], order: Mapping[str, int], gro
   return out, touched, set(expanded)
 
 
+def implied_units(kept, group_kinds: Mapping[str, set], order: Mapping[str, int]) -> set:
+  """Units llvm-mca 14 requires free when the instruction issues without taking them
+  (its `ImplicitlyUsedProcResUnits`, set by `InstrBuilder`).
+
+  A kept group whose other member units the instruction already takes directly
+  decays into its last member. Once one has, llvm-mca 14 sweeps the kept groups again
+  and, besides such decays, takes every member of a group none of whose members is
+  used yet: Broadwell's memory-form divides (ports 0, 1, 5 directly, one of `BWPort0156`,
+  one of `BWPort23`) therefore issue only when both load ports are free, though they
+  take one (probed with llvm-mca's timeline; a load issued earlier in the cycle delays
+  them by one, a store does not). Groups count their member kinds, as LLVM's masks do.
+  """
+  groups = sorted((n for n in kept if n in group_kinds),
+                  key=lambda n: (len(group_kinds[n]), order[n]))
+  used = {n for n in kept if n not in group_kinds}
+  implied = set()
+  for g in groups:
+    free = group_kinds[g] - used
+    if free != group_kinds[g] and len(free) == 1:
+      implied |= free
+      used |= free
+  new = set(implied)
+  while new:
+    new = set()
+    for g in groups:
+      free = group_kinds[g] - used
+      if free != group_kinds[g] and len(free) != 1:
+        continue
+      used |= free
+      new |= free
+    implied |= new
+  return implied
+
+
 def _reg_kind(classes) -> tuple[str, ...]:
   return tuple(c for c in classes if c in REG_KINDS)
 
@@ -235,6 +270,8 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
   reserved = np.zeros((K, R), bool)
   touched = np.zeros((K, R), bool)
   buffers = np.zeros((K, R), bool)
+  implied = np.zeros(K, np.int32)
+  group_kinds = {r["name"]: set(r["members"]) for r in resources if "members" in r}
   flags = {f: np.zeros(K, bool) for f in (
       "may_load", "may_store", "load_barrier", "store_barrier", "zero_idiom", "dep_breaking",
       "move_elim", "begin_group", "end_group")}
@@ -270,6 +307,9 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
       reserved[k, col[n]] = rs
     for n in touch:
       touched[k, col[n]] = True
+    for n in implied_units(kept, group_kinds, order):
+      if bin(members[n]).count("1") == 1:  # a multi-unit kind cannot be required whole
+        implied[k] |= members[n]
     for n in buffered:
       buffers[k, col[n]] = True
     for f in flags:
@@ -295,7 +335,8 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
       load_barrier=flags["load_barrier"], store_barrier=flags["store_barrier"],
       ignores_reads=flags["zero_idiom"] | flags["dep_breaking"],
       zero_idiom=flags["zero_idiom"], move_elim=flags["move_elim"],
-      begin_group=flags["begin_group"], end_group=flags["end_group"], supported=supported)
+      begin_group=flags["begin_group"], end_group=flags["end_group"], supported=supported,
+      implied=implied)
   layout = Layout(
       cpu=doc.get("cpu", "custom"), keys=keys, units=tuple(units), groups=tuple(all_groups),
       group_members=tuple(members[gname] for gname in all_groups),

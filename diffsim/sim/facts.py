@@ -45,7 +45,7 @@ class Facts:
   settle: jax.Array  # [] int32: first iteration from which every edge holds as in all
   #                    later ones (iterations before it must not seed a fast-forward)
   unit_cycles: jax.Array  # [L, U] int32: cycles each unit is used directly
-  unit_mask: jax.Array  # [L] int32: bitmask of units used directly
+  unit_mask: jax.Array  # [L] int32: bitmask of units that must be free (direct, implied)
   dunit: jax.Array  # [L, DU] int32: the units used directly, in bit order
   dunit_cycles: jax.Array  # [L, DU] int32
   dunit_on: jax.Array  # [L, DU] bool
@@ -141,7 +141,9 @@ def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBa
   use_on = blocks.use_valid & dep_on[dst, blocks.use_edge]
 
   bits = (1 << jnp.arange(U, dtype=jnp.int32))
-  unit_mask = jnp.sum(jnp.where(unit_cycles > 0, bits, 0), axis=-1).astype(jnp.int32)
+  # Units that must be free to issue: those it takes directly and llvm-mca's implied ones.
+  unit_mask = (jnp.sum(jnp.where(unit_cycles > 0, bits, 0), axis=-1).astype(jnp.int32)
+               | jnp.where(elim, 0, structure.implied[op]))
   DU = min(layout.max_direct_units, U)
   dunit = jnp.argsort(jnp.where(unit_cycles > 0, jnp.arange(U), U + 1), axis=-1)[:, :DU]
   dunit = dunit.astype(jnp.int32)

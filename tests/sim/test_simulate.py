@@ -95,6 +95,23 @@ def test_zen1_queues_match_llvm_mca():
   assert pred == [m.cycles for m in run_mca([b.text for b in blocks], "znver1")]
 
 
+# Broadwell's memory-form divides need both load ports free to issue, though they take
+# one (llvm-mca 14's implied units, `diffsim.params.table.implied_units`); a store or a
+# load-op multiply before them does not delay them.
+IMPLIED_UNIT_BLOCKS = [
+    "divq 8(%rbx); movq (%rax), %rdx",
+    "imulq %rcx, %rcx; movq (%rcx), %rsi; divq 8(%rcx)",
+    "imulq %rcx, %rcx; prefetcht0 (%rcx); divl 8(%rcx)",
+    "imulq %rcx, %rcx; movq %rsi, (%rcx); divq 8(%rcx)",
+    "imulq %rcx, %rcx; movq (%rcx), %rsi; mulq 8(%rcx)"]
+
+
+def test_implied_units_match_llvm_mca():
+  blocks = [parse_asm(a) for a in IMPLIED_UNIT_BLOCKS]
+  pred = [p.cycles for p in simulate_blocks(load_table("broadwell"), blocks)]
+  assert pred == [m.cycles for m in run_mca([b.text for b in blocks], "broadwell")]
+
+
 def test_padding_batching_and_fast_forward_are_invisible(haswell):
   blocks = [parse_asm(a) for a in SMALL]
   base, _ = simulate(haswell, encode(blocks, haswell.layout.index, length=8), 37)
