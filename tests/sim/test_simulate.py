@@ -89,10 +89,14 @@ ZEN1_QUEUE_BLOCKS = [
     "leaq 128(%rsp), %rsi; addq $16, %rsi; vzeroall; movq %r12, %rax; andq $-8, %rax"]
 
 
+def assert_blocks_match_llvm_mca(asm: list[str], cpu: str):
+  blocks = [parse_asm(a) for a in asm]
+  pred = [p.cycles for p in simulate_blocks(load_table(cpu), blocks)]
+  assert pred == [m.cycles for m in run_mca([b.text for b in blocks], cpu)]
+
+
 def test_zen1_queues_match_llvm_mca():
-  blocks = [parse_asm(a) for a in ZEN1_QUEUE_BLOCKS]
-  pred = [p.cycles for p in simulate_blocks(load_table("znver1"), blocks)]
-  assert pred == [m.cycles for m in run_mca([b.text for b in blocks], "znver1")]
+  assert_blocks_match_llvm_mca(ZEN1_QUEUE_BLOCKS, "znver1")
 
 
 # Broadwell's memory-form divides need both load ports free to issue, though they take
@@ -107,9 +111,7 @@ IMPLIED_UNIT_BLOCKS = [
 
 
 def test_implied_units_match_llvm_mca():
-  blocks = [parse_asm(a) for a in IMPLIED_UNIT_BLOCKS]
-  pred = [p.cycles for p in simulate_blocks(load_table("broadwell"), blocks)]
-  assert pred == [m.cycles for m in run_mca([b.text for b in blocks], "broadwell")]
+  assert_blocks_match_llvm_mca(IMPLIED_UNIT_BLOCKS, "broadwell")
 
 
 def test_padding_batching_and_fast_forward_are_invisible(haswell):
