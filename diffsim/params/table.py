@@ -209,22 +209,21 @@ def implied_units(kept, group_kinds: Mapping[str, set], order: Mapping[str, int]
   groups = sorted((n for n in kept if n in group_kinds),
                   key=lambda n: (len(group_kinds[n]), order[n]))
   used = {n for n in kept if n not in group_kinds}
-  implied = set()
-  for g in groups:
-    free = group_kinds[g] - used
-    if free != group_kinds[g] and len(free) == 1:
-      implied |= free
-      used |= free
-  new = set(implied)
-  while new:
-    new = set()
+
+  def sweep(untouched_too: bool) -> set:
+    found = set()
     for g in groups:
       free = group_kinds[g] - used
-      if free != group_kinds[g] and len(free) != 1:
-        continue
-      used |= free
-      new |= free
-    implied |= new
+      decays = free != group_kinds[g] and len(free) == 1
+      if decays or (untouched_too and free == group_kinds[g]):
+        used.update(free)
+        found |= free
+    return found
+
+  implied = new = sweep(False)
+  while new:  # after a decay, llvm-mca 14 sweeps again, taking untouched groups too
+    new = sweep(True)
+    implied = implied | new
   return implied
 
 

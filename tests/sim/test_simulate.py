@@ -70,10 +70,15 @@ OPERAND_VARIANTS = ["cmpq %r15, %rax; sbbq $0, %rdx; subq %r15, %rax; cmpq %rcx,
                     "xorl %eax, %eax; addl %eax, %ecx"]
 
 
+def assert_blocks_match_llvm_mca(table, asm: list[str]):
+  """Every block's Total Cycles equal llvm-mca's for the table's CPU."""
+  blocks = [parse_asm(a) for a in asm]
+  pred = [p.cycles for p in simulate_blocks(table, blocks)]
+  assert pred == [m.cycles for m in run_mca([b.text for b in blocks], table.layout.cpu)]
+
+
 def test_operand_dependent_classes_match_llvm_mca(haswell):
-  blocks = [parse_asm(a) for a in OPERAND_VARIANTS]
-  pred = [p.cycles for p in simulate_blocks(haswell, blocks)]
-  assert pred == [m.cycles for m in run_mca([b.text for b in blocks], "haswell")]
+  assert_blocks_match_llvm_mca(haswell, OPERAND_VARIANTS)
 
 
 # Zen 1 queues behind a long-latency instruction at the head: a YMM write takes two
@@ -89,14 +94,8 @@ ZEN1_QUEUE_BLOCKS = [
     "leaq 128(%rsp), %rsi; addq $16, %rsi; vzeroall; movq %r12, %rax; andq $-8, %rax"]
 
 
-def assert_blocks_match_llvm_mca(asm: list[str], cpu: str):
-  blocks = [parse_asm(a) for a in asm]
-  pred = [p.cycles for p in simulate_blocks(load_table(cpu), blocks)]
-  assert pred == [m.cycles for m in run_mca([b.text for b in blocks], cpu)]
-
-
 def test_zen1_queues_match_llvm_mca():
-  assert_blocks_match_llvm_mca(ZEN1_QUEUE_BLOCKS, "znver1")
+  assert_blocks_match_llvm_mca(load_table("znver1"), ZEN1_QUEUE_BLOCKS)
 
 
 # Broadwell's memory-form divides need both load ports free to issue, though they take
@@ -111,7 +110,7 @@ IMPLIED_UNIT_BLOCKS = [
 
 
 def test_implied_units_match_llvm_mca():
-  assert_blocks_match_llvm_mca(IMPLIED_UNIT_BLOCKS, "broadwell")
+  assert_blocks_match_llvm_mca(load_table("broadwell"), IMPLIED_UNIT_BLOCKS)
 
 
 def test_padding_batching_and_fast_forward_are_invisible(haswell):
