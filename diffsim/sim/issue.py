@@ -151,6 +151,18 @@ _ROW = ("unit_mask", "dunit", "dunit_cycles", "dunit_on", "grp", "grp_cycles", "
         "grp_reserved", "grp_on", "grp_members", "blocked_by")
 
 
+def _free_rows(busy, reserved_until, facts: Facts, members, t, index):
+  """Whose resources are free: ([L] per static instruction, [W] per window slot)."""
+  res = (busy, None, None, reserved_until)
+  free = jax.vmap(lambda row: can_take(res, row, members, t))(
+      {name: getattr(facts, name) for name in _ROW})
+  L = free.shape[0]
+  if L <= 32:  # as a bitmask: a vectorised shift per slot instead of a gather
+    bits = jnp.sum(jnp.where(free, 1 << jnp.arange(L, dtype=jnp.int32), 0))
+    return free, ((bits >> index) & 1) != 0
+  return free, free[index]
+
+
 def _best(key, k, head):
   """The slots of the k smallest keys. Keys are distinct and end in the slot's distance
   from the ROB head (POS_BITS bits), so a plain min finds each: XLA:CPU vectorises a
@@ -190,15 +202,9 @@ def issue_round(state: State, facts: Facts, members) -> State:
   # Resources only get taken within a cycle, so an instruction whose resources are
   # busy now cannot issue later in it: it is no candidate (decided per static
   # instruction, then spread over the window).
-  res = (state.busy_until, None, None, state.reserved_until)
-  free_now = jax.vmap(lambda row: can_take(res, row, members, t))(
-      {name: getattr(facts, name) for name in _ROW})
-  L = free_now.shape[0]
-  if L <= 32:  # as a bitmask: a vectorised shift per slot instead of a gather
-    bits = jnp.sum(jnp.where(free_now, 1 << jnp.arange(L, dtype=jnp.int32), 0))
-    ready = waiting & mem_ok & (((bits >> state.index) & 1) != 0)
-  else:
-    ready = waiting & mem_ok & free_now[state.index]
+  free_now, free_slot = _free_rows(state.busy_until, state.reserved_until, facts, members, t,
+                                   state.index)
+  ready = waiting & mem_ok & free_slot
   # A store needs every older memory operation issued. One that waits on an older
   # operation that cannot issue this cycle is no candidate; the rest are checked
   # exactly in the scan below.
@@ -275,11 +281,15 @@ def issue_round(state: State, facts: Facts, members) -> State:
   tried = jnp.where(mem_issued, tried & ~(store & cand), tried)
   # Another round if a woken reader is ready now, a store may now pass (it is the
   # oldest memory operation left), or K was too few.
+  # Only candidates whose resources are still free after this round's issues count:
+  # a cycle whose remaining candidates all found their units taken ends here.
+  free_after, free_slot = _free_rows(busy, reserved_until, facts, members, t, state.index)
   reader_ready = (woke & (facts.use_w[c_k] == 0) & (pending[q_slot.reshape(K, -1) % W] == 0)
-                  & (ready_t[q_slot.reshape(K, -1) % W] <= t))
+                  & (ready_t[q_slot.reshape(K, -1) % W] <= t) & free_after[facts.use_dst[c_k]])
   left = unissued & (issue_t >= BIG)
-  store_passes = store & cand & left & (dyn == oldest(left & is_mem))
-  more = jnp.any(reader_ready) | mem_issued & jnp.any(store_passes) | jnp.any(cand & ~tried)
+  store_passes = store & cand & left & (dyn == oldest(left & is_mem)) & free_slot
+  more = (jnp.any(reader_ready) | mem_issued & jnp.any(store_passes)
+          | jnp.any(cand & ~tried & free_slot))
   order = state.issued + jnp.cumsum(issued) - 1  # issue sequence numbers
   state = state.replace(busy_until=busy, seq=seq, skip=skip, reserved_until=reserved_until,
                         last_user=last_user, last_col=last_col, issue_t=issue_t,
