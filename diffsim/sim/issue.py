@@ -280,16 +280,17 @@ def issue_round(state: State, facts: Facts, members) -> State:
   mem_issued = jnp.any(issued & mem_k)
   tried = jnp.where(mem_issued, tried & ~(store & cand), tried)
   # Another round if a woken reader is ready now, a store may now pass (it is the
-  # oldest memory operation left), or K was too few.
-  # Only candidates whose resources are still free after this round's issues count:
-  # a cycle whose remaining candidates all found their units taken ends here.
-  free_after, free_slot = _free_rows(busy, reserved_until, facts, members, t, state.index)
+  # oldest memory operation left), or K was too few; each only if its resources are
+  # still free after this round's issues (the next round's own test), so a cycle whose
+  # remaining candidates all found their units taken ends here.
+  free_after, free_after_slot = _free_rows(busy, reserved_until, facts, members, t,
+                                           state.index)
   reader_ready = (woke & (facts.use_w[c_k] == 0) & (pending[q_slot.reshape(K, -1) % W] == 0)
                   & (ready_t[q_slot.reshape(K, -1) % W] <= t) & free_after[facts.use_dst[c_k]])
   left = unissued & (issue_t >= BIG)
-  store_passes = store & cand & left & (dyn == oldest(left & is_mem)) & free_slot
+  store_passes = store & cand & left & (dyn == oldest(left & is_mem)) & free_after_slot
   more = (jnp.any(reader_ready) | mem_issued & jnp.any(store_passes)
-          | jnp.any(cand & ~tried & free_slot))
+          | jnp.any(cand & ~tried & free_after_slot))
   order = state.issued + jnp.cumsum(issued) - 1  # issue sequence numbers
   state = state.replace(busy_until=busy, seq=seq, skip=skip, reserved_until=reserved_until,
                         last_user=last_user, last_col=last_col, issue_t=issue_t,
