@@ -8,6 +8,8 @@ time. `run_block` repeats it until every instruction of every iteration has reti
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -63,11 +65,12 @@ def next_event(state: State) -> jax.Array:
   live = inflight(state)
   issued = live & (state.issue_t < BIG)
   executed_at = state.issue_t + state.latency
-  times = jnp.concatenate([
-      jnp.where(issued, executed_at, BIG), jnp.where(issued, executed_at + 1, BIG),
-      jnp.where(live & ~issued & (state.pending == 0), state.ready_t, BIG),
-      state.busy_until, state.reserved_until])
-  return jnp.min(jnp.where(times >= t, times, BIG))
+  # One reduction per kind of time: concatenated, they would be written out first.
+  first = lambda x: jnp.min(jnp.where(x >= t, x, BIG))  # noqa: E731
+  return functools.reduce(jnp.minimum, [
+      first(jnp.where(issued, executed_at, BIG)), first(jnp.where(issued, executed_at + 1, BIG)),
+      first(jnp.where(live & ~issued & (state.pending == 0), state.ready_t, BIG)),
+      first(state.busy_until), first(state.reserved_until)])
 
 
 def advance(state: State, memory, facts: Facts, members, g, fast_forward: bool):
@@ -119,6 +122,43 @@ def run_block(facts: Facts, params, members, iterations, *, window: int, max_cyc
   return state.last_retire + 1, overflow
 
 
+OBSERVED = 16  # slots fingerprinted per step at most (of the 64 default)
+
+
+def observe_some(state: State, memory, look, facts: Facts):
+  """`period.observe` of the slots that `look`, at most `OBSERVED` of them, on those
+  slots alone: about ten of 64 slots cross an iteration boundary in a step, and a
+  fingerprint costs a pass over the whole window. A slot left out this step only
+  records no fingerprint at this boundary (detection may come an iteration later).
+
+  Returns (memory, jump) for all slots, as `period.observe` under `vmap`.
+  """
+  S = look.shape[0]
+  lanes = jnp.nonzero(look, size=min(OBSERVED, S), fill_value=S)[0]
+  at = jnp.minimum(lanes, S - 1)
+  sub = lambda tree: jax.tree.map(lambda x: x[at], tree)  # noqa: E731
+  new, jump = jax.vmap(period.observe)(sub(state), sub(memory), lanes < S, facts.n[at])
+  put = lambda full, part: full.at[lanes].set(part, mode="drop")  # noqa: E731
+  return (jax.tree.map(put, memory, new),
+          tuple(put(jnp.zeros(S, jnp.int32), x.astype(jnp.int32)) for x in jump))
+
+
+def leap_each(state: State, jump):
+  """`period.leap` of each slot that jumps, one slot at a time: a step has at most a
+  few (a block jumps once), and shifting every slot's window to move one costs a
+  pass over all of them."""
+  periods, dt, di = jump
+
+  def one(carry):
+    state, todo = carry
+    i = jnp.argmax(todo)
+    lane = period.shift(jax.tree.map(lambda x: x[i], state), periods[i], dt[i], di[i])
+    state = jax.tree.map(lambda x, y: x.at[i].set(y), state, lane)
+    return state, todo.at[i].set(False)
+
+  return lax.while_loop(lambda c: jnp.any(c[1]), one, (state, periods > 0))[0]
+
+
 def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots: int,
               window: int, max_cycles: int, fast_forward: bool = True,
               refill_every: int = 8):
@@ -153,23 +193,18 @@ def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots:
     return (facts, g), state, period.init_memory()
 
   def cycles_of(facts_g, state, memory):
-    """One cycle of every slot. Fingerprints and jumps run batch-wide only when some
-    slot needs them (a vmapped branch would cost every slot every cycle). A finished
-    slot may keep stepping: it has nothing left to retire, issue or dispatch."""
+    """One step of every slot. Fingerprints and jumps run on the slots that need them
+    only (a vmapped branch would cost every slot every step). A finished slot may keep
+    stepping: it has nothing left to retire, issue or dispatch."""
     facts, g = facts_g
     state, look = jax.vmap(lambda f, g, s, m: stride(s, m, f, members, g))(
         facts, g, state, memory)
     if not fast_forward:
       return state, memory
     look &= jax.vmap(lambda s: running(s, max_cycles))(state)
-    memory, jump = lax.cond(
-        jnp.any(look),
-        lambda: jax.vmap(lambda s, m, lk, f: period.observe(s, m, lk, f.n))(
-            state, memory, look, facts),
-        lambda: (memory, (jnp.zeros(look.shape, jnp.int32),) * 3))
-    state = lax.cond(jnp.any(jump[0] > 0), lambda: jax.vmap(period.leap)(state, jump),
-                     lambda: state)
-    return state, memory
+    memory, jump = lax.cond(jnp.any(look), lambda: observe_some(state, memory, look, facts),
+                            lambda: (memory, (jnp.zeros(look.shape, jnp.int32),) * 3))
+    return leap_each(state, jump), memory
 
   slot_block = jnp.arange(S, dtype=jnp.int32)
   facts, state, memory = jax.vmap(start)(slot_block)
