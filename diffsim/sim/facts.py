@@ -44,6 +44,11 @@ class Facts:
   use_last: jax.Array  # [L, C] int32
   settle: jax.Array  # [] int32: first iteration from which every edge holds as in all
   #                    later ones (iterations before it must not seed a fast-forward)
+  horizon: jax.Array  # [L] int32: cycles after its issue past which an instruction's issue
+  #                     cycle no longer matters: it has executed and any reader that
+  #                     dispatches later finds the operand ready (period.fingerprint)
+  rr_groups: jax.Array  # [G] bool: groups some instruction picks a unit from, whose
+  #                       round-robin state can matter (period.fingerprint)
   unit_cycles: jax.Array  # [L, U] int32: cycles each unit is used directly
   unit_mask: jax.Array  # [L] int32: bitmask of units that must be free (direct, implied)
   dunit: jax.Array  # [L, DU] int32: the units used directly, in bit order
@@ -158,6 +163,11 @@ def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBa
   grp_need = jnp.take_along_axis(structure.res_need[op][:, U:], grp, axis=-1)
   grp_reserved = jnp.take_along_axis(structure.reserved[op][:, U:], grp, axis=-1)
   grp_on = grp_cycles > 0
+  # Each producer's latest edge weight; padding rows count too (more only hashes more).
+  edge_w = jnp.zeros_like(max_latency).at[src].max(jnp.where(dep_on, dep_w, 0))
+  horizon = jnp.maximum(max_latency + 1, edge_w) + 1
+  picks = (grp_on & ~grp_reserved)[..., None] & (grp[..., None] == jnp.arange(G)[None, None, :])
+  rr_groups = jnp.any(picks, axis=(0, 1))
   if qn < Q:  # tiny layouts: pad to Q columns
     pad = lambda x: jnp.pad(x, ((0, 0), (0, Q - qn)))  # noqa: E731
     grp, grp_cycles, grp_need, grp_reserved, grp_on = map(
@@ -185,6 +195,7 @@ def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBa
       dep_off=dep_off, dep_w=dep_w, dep_on=dep_on, use_off=use_off, use_w=use_w, use_on=use_on,
       use_dst=dst, use_it=blocks.use_dist,
       dep_first=blocks.dep_first, dep_last=blocks.dep_last, settle=settle,
+      horizon=horizon.astype(jnp.int32), rr_groups=rr_groups,
       use_first=blocks.dep_first[dst, blocks.use_edge],
       use_last=blocks.dep_last[dst, blocks.use_edge],
       unit_cycles=unit_cycles, unit_mask=unit_mask, dunit=dunit, dunit_cycles=dunit_cycles,

@@ -11,6 +11,11 @@ the pipeline's drain at the end is simulated for real, so Total Cycles stays exa
 States are compared by two independent 32-bit hashes of the relative state, taken
 at the end of each cycle in which dispatch crossed an iteration boundary; the last
 `SLOTS` such fingerprints are kept. Blocks that never settle simply run to the end.
+The hash leaves out what cannot change the future, so that a repeat shows as soon as
+the machine repeats: the issue cycles of instructions long executed (they only wait
+to retire, and those dispatched while the ROB was filling were issued at other
+distances from now than later ones), and the round-robin state of groups no
+instruction of the block picks from.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from diffsim.sim.facts import BIG
 from diffsim.sim.state import State
 
 SLOTS = 16  # fingerprints remembered: periods up to 16 boundary crossings
-PAST = -512  # issue cycles further back than any latency compare equal
+LONG_AGO = -(1 << 20)  # hashed for every issue cycle beyond its instruction's horizon
 FIELDS = 4  # per-slot fields hashed
 
 
@@ -68,11 +73,13 @@ def _weights(W: int):
     return np.asarray(jnp.concatenate([w, w]))
 
 
-def fingerprint(state: State, phase) -> jax.Array:
+def fingerprint(state: State, phase, horizon, rr_groups) -> jax.Array:
   """[2] uint32: hashes of the state relative to its cycle and dispatch position.
 
   Window slots are weighted by their age position, so equal states hash equal
-  wherever the ring happens to stand.
+  wherever the ring happens to stand. `horizon`, `rr_groups`: the block's
+  (`Facts`); an issue cycle more than its instruction's horizon back is only
+  compared to `t` from then on (executed, operands ready), so all such hash alike.
   """
   W = state.issue_t.shape[0]
   t = state.t
@@ -82,7 +89,9 @@ def fingerprint(state: State, phase) -> jax.Array:
   live = pos < state.next - state.head
   issued = state.issue_t < BIG
   fields = jnp.stack([
-      jnp.where(issued, jnp.maximum(state.issue_t - t, PAST), BIG),
+      jnp.where(issued, jnp.where(state.issue_t < t - horizon[state.index], LONG_AGO,
+                                  state.issue_t - t),
+                BIG),
       jnp.where(issued, 0, jnp.maximum(state.ready_t - t, 0)),
       jnp.where(issued, 0, state.pending),
       jnp.where(issued, 0, state.users)], axis=-1)  # [W, FIELDS]
@@ -92,7 +101,8 @@ def fingerprint(state: State, phase) -> jax.Array:
       jnp.stack([state.next - state.head, phase, state.carry, state.rob_used, state.lq_used,
                  state.sq_used]),
       state.rs_used, state.prf_used, jnp.maximum(state.busy_until - t, 0),
-      jnp.maximum(state.reserved_until - t, 0), state.seq, state.skip]).astype(jnp.uint32)
+      jnp.maximum(state.reserved_until - t, 0), jnp.where(rr_groups, state.seq, 0),
+      jnp.where(rr_groups, state.skip, 0)]).astype(jnp.uint32)
   hashes = []
   for j, seed in enumerate((0x1234567, 0x2345678)):
     w = _mix(jnp.arange(scalars.shape[0], dtype=jnp.int32) + seed * 3) | jnp.uint32(1)
@@ -129,12 +139,13 @@ def crossed(state: State, before_next, n, memory: Memory, settle) -> jax.Array:
   return ((state.next // n) > (before_next // n)) & ~memory.jumped & (state.head >= settle * n)
 
 
-def observe(state: State, memory: Memory, look, n):
-  """Records a fingerprint (when `look`) and plans a jump when one repeats.
+def observe(state: State, memory: Memory, look, n, horizon, rr_groups):
+  """Records a fingerprint (when `look`) and plans a jump when one repeats. `n`,
+  `horizon`, `rr_groups`: the block's `Facts`.
 
   Returns (memory, jump): `jump` = (periods, dt, di) for `leap`, periods 0 for none.
   """
-  h = fingerprint(state, jnp.mod(state.next, n))
+  h = fingerprint(state, jnp.mod(state.next, n), horizon, rr_groups)
   same = jnp.all(memory.hash == h[None, :], axis=-1) & (memory.next >= 0)
   same &= jnp.mod(state.next - memory.next, n) == 0
   hit = look & jnp.any(same)

@@ -77,7 +77,8 @@ def advance(state: State, memory, facts: Facts, members, g, fast_forward: bool):
   """One cycle, then skip idle cycles and fast-forward repeating iterations."""
   state, look = stride(state, memory, facts, members, g)
   if fast_forward:
-    memory, jump = period.observe(state, memory, look, facts.n)
+    memory, jump = period.observe(state, memory, look, facts.n, facts.horizon,
+                                  facts.rr_groups)
     state = period.leap(state, jump)
   return state, memory
 
@@ -137,7 +138,8 @@ def observe_some(state: State, memory, look, facts: Facts):
   lanes = jnp.nonzero(look, size=min(OBSERVED, S), fill_value=S)[0]
   at = jnp.minimum(lanes, S - 1)
   sub = lambda tree: jax.tree.map(lambda x: x[at], tree)  # noqa: E731
-  new, jump = jax.vmap(period.observe)(sub(state), sub(memory), lanes < S, facts.n[at])
+  new, jump = jax.vmap(period.observe)(sub(state), sub(memory), lanes < S, facts.n[at],
+                                       facts.horizon[at], facts.rr_groups[at])
   put = lambda full, part: full.at[lanes].set(part, mode="drop")  # noqa: E731
   return (jax.tree.map(put, memory, new),
           tuple(put(jnp.zeros(S, jnp.int32), x.astype(jnp.int32)) for x in jump))
