@@ -56,6 +56,18 @@ def _check_window(window: int) -> int:
   return window
 
 
+def slots_for(length: int) -> int:
+  """Blocks simulated side by side per device, for blocks padded to `length`.
+
+  A step costs about the same per slot, but each slot carries its block's facts
+  ([length, ...] arrays): past a few hundred KB of them per device the steps slow down
+  more than the extra slots gain. Measured on 20,000 BHive blocks (benchmarks/RESULTS.md,
+  thirteenth session): 64 slots are best up to 16 instructions, then 16 at 32, 8 at 64
+  and 4 beyond (the 64-instruction bucket 2.3x faster at 8 slots than at 64).
+  """
+  return 64 if length <= 16 else max(4, 512 // length)
+
+
 def _mesh() -> Mesh:
   return Mesh(np.array(jax.local_devices()), ("blocks",))
 
@@ -107,7 +119,7 @@ def _pad_batch(batch: BlockBatch, iterations, multiple: int):
 
 def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100, *,
              fast_forward: bool = True, max_cycles: int = DEFAULT_MAX_CYCLES,
-             slots: int = 64, window: int | None = None):
+             slots: int | None = None, window: int | None = None):
   """Total Cycles of each block, llvm-mca's convention, in hard (exact) mode.
 
   Args:
@@ -117,7 +129,8 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
     fast_forward: jump over exactly repeating iterations (same result, faster).
     max_cycles: static cycle budget; blocks that exceed it are flagged.
     slots: blocks simulated side by side per device; finished slots take the next
-      block, so a batch costs the sum of its blocks' cycles, not B x the slowest.
+      block, so a batch costs the sum of its blocks' cycles, not B x the slowest
+      (default `slots_for` the bucket length).
     window: ring slots for in-flight instructions (default `window_for` the ROB
       size). A wider ring gives the same cycles at a higher cost: it measures what
       the per-cycle passes over the window cost (`benchmarks/simulate_speed.py`).
@@ -130,7 +143,8 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
 
 
 def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool = True,
-            max_cycles: int = DEFAULT_MAX_CYCLES, slots: int = 64, window: int | None = None):
+            max_cycles: int = DEFAULT_MAX_CYCLES, slots: int | None = None,
+            window: int | None = None):
   """Starts `simulate` and returns at once: JAX runs the program asynchronously, so the
   host can prepare the next batch meanwhile. `_finish` waits for the result."""
   rob = rob_entries(table.params.rob_size)
@@ -140,7 +154,7 @@ def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
     raise ValueError(f"window {window} is smaller than the ROB ({rob} entries)")
   else:
     _check_window(window)  # window_for checks its own
-  B = batch.opcode.shape[0]
+  B, L = batch.opcode.shape
   its = np.broadcast_to(np.asarray(iterations, np.int32), (B,)).copy()
   n_dev = len(jax.local_devices())
   batch_p, its_p = _pad_batch(jax.tree.map(np.asarray, batch), its, n_dev)
@@ -150,7 +164,7 @@ def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
   cycles, overflow = programs.call(
       _simulate, (params, table.structure, batch_p, its_p),
       dict(layout=table.layout, window=window, max_cycles=max_cycles,
-           fast_forward=fast_forward, slots=slots))
+           fast_forward=fast_forward, slots=slots or slots_for(L)))
   return cycles, overflow, B
 
 
@@ -177,7 +191,7 @@ def _sweep(params, structure, batch, iterations, *, layout, window, max_cycles, 
 
 def simulate_sweep(params: Params, structure: Structure, layout: Layout, batch: BlockBatch,
                    iterations: int = 100, *, max_cycles: int = DEFAULT_MAX_CYCLES,
-                   slots: int = 64):
+                   slots: int | None = None):
   """Total Cycles of every (parameter set, block) pair: [P, B].
 
   `params` has a leading axis P over parameter sets (all with the table's layout);
@@ -194,7 +208,8 @@ def simulate_sweep(params: Params, structure: Structure, layout: Layout, batch: 
   params = jax.tree.map(np.asarray, params)  # on the host, as in `simulate`
   cycles, overflow = programs.call(
       _sweep, (params, structure, batch_p, its),
-      dict(layout=layout, window=window, max_cycles=max_cycles, slots=slots))
+      dict(layout=layout, window=window, max_cycles=max_cycles,
+           slots=slots or slots_for(batch.opcode.shape[1])))
   return np.asarray(cycles)[:, :B], np.asarray(overflow)[:, :B]
 
 

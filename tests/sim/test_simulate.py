@@ -122,6 +122,9 @@ def test_padding_batching_and_fast_forward_are_invisible(haswell):
            for b in blocks]
   slow, _ = simulate(haswell, encode(blocks, haswell.layout.index, length=8), 37,
                      fast_forward=False)
+  # Fewer slots than blocks (as long buckets get, `slots_for`): slots take turns.
+  queued, _ = simulate(haswell, encode(blocks, haswell.layout.index, length=8), 37, slots=2)
+  np.testing.assert_array_equal(base, queued)
   np.testing.assert_array_equal(base, padded)
   np.testing.assert_array_equal(base, alone)
   np.testing.assert_array_equal(base, slow)
