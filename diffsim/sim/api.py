@@ -59,13 +59,14 @@ def _check_window(window: int) -> int:
 def slots_for(length: int) -> int:
   """Blocks simulated side by side per device, for blocks padded to `length`.
 
-  A step costs about the same per slot, but each slot carries its block's facts
-  ([length, ...] arrays): past a few hundred KB of them per device the steps slow down
-  more than the extra slots gain. Measured on 20,000 BHive blocks (benchmarks/RESULTS.md,
-  thirteenth session): 64 slots are best up to 16 instructions, then 16 at 32, 8 at 64
-  and 4 beyond (the 64-instruction bucket 2.3x faster at 8 slots than at 64).
+  Each slot carries its block's facts ([length, ...] arrays), and once those of all
+  slots outgrow the caches a step slows down more than the extra slots gain. Measured
+  on the 20,000 command blocks (benchmarks/RESULTS.md, thirteenth session), same
+  process: up to 32 instructions 64 slots are as good as any; beyond, the buckets of 64,
+  128 and 256 instructions take 0.84 / 0.48 / 0.75 s at 8 / 4 / 4 slots against 1.45-2.0
+  / 1.0-1.1 / 1.4 s at 64 (32 for the 33 longest blocks).
   """
-  return 64 if length <= 16 else max(4, 512 // length)
+  return 64 if length <= 32 else max(4, 512 // length)
 
 
 def _mesh() -> Mesh:
