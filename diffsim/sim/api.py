@@ -56,19 +56,6 @@ def _check_window(window: int) -> int:
   return window
 
 
-def slots_for(length: int) -> int:
-  """Blocks simulated side by side per device, for blocks padded to `length`.
-
-  Each slot carries its block's facts ([length, ...] arrays), and once those of all
-  slots outgrow the caches a step slows down more than the extra slots gain. Measured
-  on the 20,000 command blocks (benchmarks/RESULTS.md, thirteenth session), same
-  process: up to 32 instructions 64 slots are as good as any; beyond, the buckets of 64,
-  128 and 256 instructions take 0.84 / 0.48 / 0.75 s at 8 / 4 / 4 slots against 1.45-2.0
-  / 1.0-1.1 / 1.4 s at 64 (32 for the 33 longest blocks).
-  """
-  return 64 if length <= 32 else max(4, 512 // length)
-
-
 def _mesh() -> Mesh:
   return Mesh(np.array(jax.local_devices()), ("blocks",))
 
@@ -131,7 +118,7 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
     max_cycles: static cycle budget; blocks that exceed it are flagged.
     slots: blocks simulated side by side per device; finished slots take the next
       block, so a batch costs the sum of its blocks' cycles, not B x the slowest
-      (default `slots_for` the bucket length).
+      (default `pipeline.slots_for` the bucket length).
     window: ring slots for in-flight instructions (default `window_for` the ROB
       size). A wider ring gives the same cycles at a higher cost: it measures what
       the per-cycle passes over the window cost (`benchmarks/simulate_speed.py`).
@@ -155,7 +142,7 @@ def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
     raise ValueError(f"window {window} is smaller than the ROB ({rob} entries)")
   else:
     _check_window(window)  # window_for checks its own
-  B, L = batch.opcode.shape
+  B = batch.opcode.shape[0]
   its = np.broadcast_to(np.asarray(iterations, np.int32), (B,)).copy()
   n_dev = len(jax.local_devices())
   batch_p, its_p = _pad_batch(jax.tree.map(np.asarray, batch), its, n_dev)
@@ -165,7 +152,7 @@ def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
   cycles, overflow = programs.call(
       _simulate, (params, table.structure, batch_p, its_p),
       dict(layout=table.layout, window=window, max_cycles=max_cycles,
-           fast_forward=fast_forward, slots=slots or slots_for(L)))
+           fast_forward=fast_forward, slots=slots))
   return cycles, overflow, B
 
 
@@ -209,8 +196,7 @@ def simulate_sweep(params: Params, structure: Structure, layout: Layout, batch: 
   params = jax.tree.map(np.asarray, params)  # on the host, as in `simulate`
   cycles, overflow = programs.call(
       _sweep, (params, structure, batch_p, its),
-      dict(layout=layout, window=window, max_cycles=max_cycles,
-           slots=slots or slots_for(batch.opcode.shape[1])))
+      dict(layout=layout, window=window, max_cycles=max_cycles, slots=slots))
   return np.asarray(cycles)[:, :B], np.asarray(overflow)[:, :B]
 
 

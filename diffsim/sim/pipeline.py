@@ -161,7 +161,20 @@ def leap_each(state: State, jump):
   return lax.while_loop(lambda c: jnp.any(c[1]), one, (state, periods > 0))[0]
 
 
-def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots: int,
+def slots_for(length: int) -> int:
+  """Blocks simulated side by side per device, for blocks padded to `length`.
+
+  Each slot carries its block's facts ([length, ...] arrays), and once those of all
+  slots outgrow the caches a step slows down more than the extra slots gain. Measured
+  on the 20,000 command blocks (benchmarks/RESULTS.md, thirteenth session), same
+  process: up to 32 instructions 64 slots are as good as any; beyond, the buckets of 64,
+  128 and 256 instructions take 0.84 / 0.48 / 0.75 s at 8 / 4 / 4 slots against 1.45-2.0
+  / 1.0-1.1 / 1.4 s at 64 (32 for the 33 longest blocks).
+  """
+  return 64 if length <= 32 else max(4, 512 // length)
+
+
+def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots: int | None,
               window: int, max_cycles: int, fast_forward: bool = True,
               refill_every: int = 8):
   """Total cycles of many blocks through a fixed number of simulation slots.
@@ -178,12 +191,13 @@ def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots:
     all_limits: `integer_globals` of each block's table, leading axis N: a sweep
       queues (table, block) pairs, each slot with its own widths and buffer sizes.
     iterations: [N] int32.
+    slots: slots per device (None: `slots_for` the blocks' padded length).
 
   Returns:
     (cycles [N] int32, overflow [N] bool).
   """
   N = iterations.shape[0]
-  S = min(slots, N)
+  S = min(slots_for(all_facts.uops.shape[-1]) if slots is None else slots, N)
 
   def start(i):
     """Facts, limits and a fresh state for block i (clamped; inactive slots are
