@@ -95,8 +95,9 @@ def _enable_compile_cache() -> None:
   Compiling the simulator takes seconds per block-length bucket, which dominates a
   short run; JAX's persistent cache makes the second run start at once. The directory
   is `$DIFFSIM_CACHE_DIR` (`off` disables it), else `~/.cache/diffsim/jax`; a cache
-  directory already chosen for JAX (`JAX_COMPILATION_CACHE_DIR`) wins. The traced
-  programs go beside it (DIR-programs), so that a new run skips tracing as well.
+  directory already chosen for JAX (`JAX_COMPILATION_CACHE_DIR`) wins. The simulator's
+  compiled executables go beside it (DIR-programs), so that a new run skips tracing
+  and lowering as well (`diffsim.sim.programs`).
   """
   choice = os.environ.get("DIFFSIM_CACHE_DIR", "")
   if choice.lower() in ("off", "0", "none"):

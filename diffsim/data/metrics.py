@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.stats
 
 
 def _pairs(pred, y) -> tuple[np.ndarray, np.ndarray]:
@@ -47,6 +46,8 @@ def kendall_tau(pred, y) -> float:
   # Tau is undefined for a constant sequence; scipy would also warn.
   if p.size < 2 or np.all(p == p[0]) or np.all(t == t[0]):
     return math.nan
+  import scipy.stats  # here: it takes most of a second to import, which `simulate` skips
+
   return float(scipy.stats.kendalltau(p, t).statistic)
 
 

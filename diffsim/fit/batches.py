@@ -17,7 +17,7 @@ import numpy as np
 from diffsim.isa.decode import decode_blocks
 from diffsim.isa.encode import BUCKETS, BlockBatch, encode, renaming_for
 from diffsim.params.table import Table
-from diffsim.sim.api import block_error, cost_estimate
+from diffsim.sim.api import block_error, cost_estimates
 
 
 def dynamic_for(length: int) -> int:
@@ -59,7 +59,8 @@ def minibatches(table: Table, hexes, y, batch_size: int) -> tuple[list[Minibatch
   out = []
   renaming = renaming_for(table)
   for L, ids in sorted(by_len.items()):
-    ids.sort(key=lambda i: cost_estimate(table, blocks[i]))
+    cost = cost_estimates(table, [blocks[i] for i in ids])
+    ids = [ids[k] for k in np.argsort(cost, kind="stable")]
     T = dynamic_for(L)
     for s in range(0, len(ids), batch_size):
       part = ids[s:s + batch_size]

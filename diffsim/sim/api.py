@@ -146,6 +146,10 @@ def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
   its = np.broadcast_to(np.asarray(iterations, np.int32), (B,)).copy()
   n_dev = len(jax.local_devices())
   batch_p, its_p = _pad_batch(jax.tree.map(np.asarray, batch), its, n_dev)
+  # Rows are dealt to the devices in turn rather than in contiguous shares, so that a
+  # batch sorted by cost, or padded at its end, gives every device the same mix.
+  deal = np.arange(len(its_p)).reshape(-1, n_dev).T.reshape(-1)
+  batch_p, its_p = jax.tree.map(lambda x: x[deal], (batch_p, its_p))
   # On the host, so that a table left on one device (a fit's output) is not refused by
   # the program sharded over all of them.
   params = jax.tree.map(np.asarray, table.params)
@@ -153,13 +157,13 @@ def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
       _simulate, (params, table.structure, batch_p, its_p),
       dict(layout=table.layout, window=window, max_cycles=max_cycles,
            fast_forward=fast_forward, slots=slots))
-  return cycles, overflow, B
+  return cycles, overflow, np.argsort(deal)[:B]
 
 
 def _finish(launched):
   """(cycles [B], overflow [B]) as numpy arrays, once the launched program is done."""
-  cycles, overflow, B = launched
-  return np.asarray(cycles)[:B], np.asarray(overflow)[:B]
+  cycles, overflow, rows = launched
+  return np.asarray(cycles)[rows], np.asarray(overflow)[rows]
 
 
 @functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles", "slots"))
@@ -208,13 +212,20 @@ class Prediction:
   error: str | None = None
 
 
-def cost_estimate(table: Table, block: Block) -> float:
-  """A rough cycles-per-iteration guess, used only to group blocks of similar cost."""
+def cost_estimates(table: Table, blocks: Sequence[Block]) -> np.ndarray:
+  """[B] rough cost guesses, used only to order blocks by cost: the larger of a block's
+  micro-ops over the dispatch width and half its longest latency, times its length."""
+  if not blocks:
+    return np.zeros(0)
   idx = table.layout.index
-  ks = [idx[table_key(i, idx)] for i in block.instrs]
-  uops = float(np.sum(np.asarray(table.params.uops)[ks]))
-  lat = float(np.max(np.asarray(table.params.latency)[ks]))
-  return max(uops / float(table.params.dispatch_width), lat / 2.0, 0.25) * len(block.instrs)
+  keys = np.array([idx[table_key(i, idx)] for b in blocks for i in b.instrs])
+  n = np.array([len(b.instrs) for b in blocks])
+  starts = np.cumsum(n) - n
+  uops = np.add.reduceat(np.asarray(table.params.uops)[keys], starts)
+  latency = np.asarray(table.params.latency)
+  slowest = np.maximum.reduceat(latency.reshape(latency.shape[0], -1).max(axis=1)[keys], starts)
+  per_iteration = np.maximum(uops / float(table.params.dispatch_width), slowest / 2.0)
+  return np.maximum(per_iteration, 0.25) * n
 
 
 def block_error(table: Table, block: Block | Exception, supported=None) -> str | None:
@@ -269,7 +280,8 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
   jobs = []
   for L, ids in sorted(runnable.items()):
     # Most expensive first, so that the queue's last blocks are short ones.
-    ids.sort(key=lambda i: -cost_estimate(table, blocks[i]))
+    cost = cost_estimates(table, [blocks[i] for i in ids])
+    ids = [ids[k] for k in np.argsort(-cost, kind="stable")]
     for s in range(0, len(ids), batch_size):
       jobs.append((L, ids[s:s + batch_size]))
   bar = _progress(len(jobs), progress)

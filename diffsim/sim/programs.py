@@ -1,16 +1,18 @@
-"""The simulator's programs kept on disk, traced once per machine rather than once per run.
+"""The simulator's programs kept on disk, compiled once per machine rather than once per run.
 
-JAX's persistent compile cache skips XLA's compilation in a new process, but not the
-tracing that comes before it: the cycle loop takes seconds to trace for every bucket
-shape, which made tracing most of a short `diffsim simulate` run. With a directory set
-(`keep_programs`; the CLI sets one beside its compile cache), each program is traced
-once, serialized with `jax.export`, and later runs load it and go straight to the
-(cached) compilation.
+The cycle loop takes seconds to trace and lower for every bucket shape, and JAX's
+persistent compile cache only skips the compilation that comes after. With a directory
+set (`keep_programs`; the CLI sets one beside its compile cache), each program is
+compiled once and its executable serialized (`jax.experimental.serialize_executable`);
+later runs load the executable and run it at once: about 0.6 s per program, against
+1.1 s to load a traced program and find its compilation in the cache (`benchmarks/
+RESULTS.md`, fourteenth session).
 
 A kept program is keyed on everything that shapes it: the function, its static
 arguments (the table's layout, window, budget...), the shapes and dtypes of its inputs,
-the devices, the JAX version and the source of diffsim itself, so a program is never
-reused where it would compute something else.
+the devices and the host CPU's features (an executable is machine code), the JAX
+version and the source of diffsim itself, so a program is never reused where it would
+compute something else, or could not run.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import pickle
+import platform
 from pathlib import Path
 from typing import Callable
 
 import jax
+import jaxlib
 import numpy as np
-from jax import export
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.experimental import serialize_executable
 
 # XLA:CPU splits every reduction over more than 32 elements into a reduce-window and a
 # second reduction (its tree-reduction rewrite, which keeps long float sums precise).
@@ -38,7 +42,7 @@ _loaded: dict[tuple[str, Path | None], Callable] = {}
 
 
 def keep_programs(path: str | Path | None) -> None:
-  """Keeps traced programs in `path` from now on (None: trace in every process)."""
+  """Keeps compiled programs in `path` from now on (None: compile in every process)."""
   global _dir
   _dir = None if path is None else Path(path)
 
@@ -55,38 +59,29 @@ def call(fn, args: tuple, static: dict):
   if run is None:
     run = _loaded[key, _dir] = (
         _compile(fn, tree, leaves, static) if _dir is None
-        else _load_or_trace(fn, tree, leaves, static, _dir / f"{key}.jaxexport"))
+        else _load_or_compile(fn, tree, leaves, static, _dir / f"{key}.xla"))
   return run(*leaves)
 
 
-def _compile(fn, tree, leaves, static) -> Callable:
+def _compile(fn, tree, leaves, static):
   """`fn` traced in this process and compiled with `COMPILER_OPTIONS`, as a function of
   the leaves."""
-  compiled = fn.lower(*jax.tree.unflatten(tree, leaves), **static).compile(
-      compiler_options=COMPILER_OPTIONS)
-  return lambda *xs: compiled(*jax.tree.unflatten(tree, xs))
+  flat = jax.jit(lambda *xs: fn(*jax.tree.unflatten(tree, xs), **static))
+  return flat.lower(*leaves).compile(compiler_options=COMPILER_OPTIONS)
 
 
-def _load_or_trace(fn, tree, leaves, static, path: Path) -> Callable:
-  mesh = Mesh(np.array(jax.local_devices()), ("devices",))
-  exported = None
+def _load_or_compile(fn, tree, leaves, static, path: Path):
   if path.exists():
     try:
-      exported = export.deserialize(bytearray(path.read_bytes()))
-    except Exception:  # noqa: BLE001 - a damaged file is traced again
-      exported = None
-  if exported is None:
-    whole = NamedSharding(mesh, PartitionSpec())
-    flat = jax.jit(lambda *xs: fn(*jax.tree.unflatten(tree, xs), **static),
-                   in_shardings=(whole,) * len(leaves), out_shardings=whole)
-    try:
-      exported = export.export(flat)(*leaves)
-      _write(path, exported.serialize())
-    except Exception:  # noqa: BLE001 - what cannot be exported still runs, traced here
-      return _compile(fn, tree, leaves, static)
-  return jax.jit(exported.call, in_shardings=exported.in_shardings_jax(mesh),
-                 out_shardings=exported.out_shardings_jax(mesh),
-                 compiler_options=COMPILER_OPTIONS)
+      return serialize_executable.deserialize_and_load(*pickle.loads(path.read_bytes()))
+    except Exception:  # noqa: BLE001 - a damaged or stale file is compiled again
+      pass
+  compiled = _compile(fn, tree, leaves, static)
+  try:
+    _write(path, pickle.dumps(serialize_executable.serialize(compiled)))
+  except Exception:  # noqa: BLE001 - what cannot be serialized still runs, compiled here
+    pass
+  return compiled
 
 
 def _write(path: Path, blob: bytes) -> None:
@@ -97,17 +92,30 @@ def _write(path: Path, blob: bytes) -> None:
     tmp.write_bytes(blob)
     tmp.replace(path)
   except OSError:
-    pass  # a read-only cache only costs tracing time
+    pass  # a read-only cache only costs compile time
 
 
 def _key(fn, tree, leaves, static: dict) -> str:
   h = hashlib.blake2b(digest_size=16)
   devices = jax.local_devices()
-  h.update(repr((jax.__version__, devices[0].platform, len(devices), source_digest(),
+  h.update(repr((jax.__version__, jaxlib.__version__, len(devices), _machine(), source_digest(),
                  getattr(fn, "__qualname__", repr(fn)), str(tree),
                  [(np.shape(x), str(np.result_type(x))) for x in leaves],
                  sorted((k, repr(v)) for k, v in static.items()))).encode())
   return h.hexdigest()
+
+
+@functools.cache
+def _machine() -> str:
+  """The device kind and, for XLA:CPU's machine code, the host CPU's features."""
+  device = jax.local_devices()[0]
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next((line for line in f if line.startswith("flags")), "")
+  except OSError:
+    cpu = ""
+  return repr((device.platform, device.device_kind, platform.machine(),
+               cpu or platform.processor()))
 
 
 @functools.cache

@@ -1,5 +1,6 @@
-"""Kept programs (diffsim.sim.programs): the same cycles as a traced run, loaded by a later
-process without tracing, traced again when damaged, never reused for other inputs."""
+"""Kept programs (diffsim.sim.programs): the same cycles as a program compiled in this
+process, loaded by a later process without tracing or compiling, compiled again when
+damaged, never reused for other inputs."""
 
 import numpy as np
 import pytest
@@ -31,24 +32,24 @@ def test_a_kept_program_is_loaded_and_gives_the_same_cycles(kept, monkeypatch):
   batch = encode([parse_asm(b) for b in BLOCKS], table.layout.index, length=8)
   its = np.array([20, 50, 100])
   cycles, overflow = simulate(table, batch, its)
-  files = list(kept.glob("*.jaxexport"))
+  files = list(kept.glob("*.xla"))
   assert len(files) == 1 and not overflow.any()
   # The same cycles as the program traced in this process, without a directory.
   programs.keep_programs(None)
   np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
   programs.keep_programs(kept)
 
-  # A new process: nothing in memory, so the file is read and nothing is traced.
+  # A new process: nothing in memory, so the file is read and nothing is compiled.
   programs._loaded.clear()
 
-  def no_tracing(*args, **kw):
-    raise AssertionError("traced again instead of loading the kept program")
+  def no_compiling(*args, **kw):
+    raise AssertionError("compiled again instead of loading the kept program")
 
-  monkeypatch.setattr(programs.export, "export", no_tracing)
+  monkeypatch.setattr(programs, "_compile", no_compiling)
   np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
   monkeypatch.undo()
 
-  # A damaged file is traced again and replaced.
+  # A damaged file is compiled again and replaced.
   files[0].write_bytes(b"not a program")
   programs._loaded.clear()
   np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
