@@ -17,6 +17,7 @@ compute something else, or could not run.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -76,12 +77,53 @@ def _load_or_compile(fn, tree, leaves, static, path: Path):
       return serialize_executable.deserialize_and_load(*pickle.loads(path.read_bytes()))
     except Exception:  # noqa: BLE001 - a damaged or stale file is compiled again
       pass
-  compiled = _compile(fn, tree, leaves, static)
-  try:
-    _write(path, pickle.dumps(serialize_executable.serialize(compiled)))
-  except Exception:  # noqa: BLE001 - what cannot be serialized still runs, compiled here
-    pass
+  compiled, fresh = _compile_fresh(fn, tree, leaves, static)
+  if fresh:
+    try:
+      _write(path, pickle.dumps(serialize_executable.serialize(compiled)))
+    except Exception:  # noqa: BLE001 - what cannot be serialized still runs, compiled here
+      pass
   return compiled
+
+
+def _compile_fresh(fn, tree, leaves, static):
+  """(`_compile`'s program, whether XLA compiled it here).
+
+  An executable that JAX's persistent compile cache hands back serializes without its
+  machine code (loaded later, it fails to run), so only a fresh compilation is kept.
+  Kept programs have their own files, so their compilations are not also written to
+  the persistent cache, where a later compilation would find them.
+  """
+  _watch_cache_hits()
+  hits = len(_CACHE_HITS)
+  with persistent_cache_threshold(float("inf")):
+    compiled = _compile(fn, tree, leaves, static)
+  return compiled, len(_CACHE_HITS) == hits
+
+
+@contextlib.contextmanager
+def persistent_cache_threshold(seconds: float):
+  """Within the block, JAX's persistent cache keeps only compilations that took at
+  least `seconds` (inf: none)."""
+  option = "jax_persistent_cache_min_compile_time_secs"
+  before = getattr(jax.config, option)
+  jax.config.update(option, seconds)
+  try:
+    yield
+  finally:
+    jax.config.update(option, before)
+
+
+_CACHE_HITS: list[str] = []
+
+
+@functools.cache
+def _watch_cache_hits() -> None:
+  def listen(event: str, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+      _CACHE_HITS.append(event)
+
+  jax.monitoring.register_event_listener(listen)
 
 
 def _write(path: Path, blob: bytes) -> None:

@@ -34,9 +34,12 @@ def test_a_kept_program_is_loaded_and_gives_the_same_cycles(kept, monkeypatch):
   cycles, overflow = simulate(table, batch, its)
   files = list(kept.glob("*.xla"))
   assert len(files) == 1 and not overflow.any()
-  # The same cycles as the program traced in this process, without a directory.
+  # The same cycles as the program compiled in this process, without a directory (and
+  # not written to JAX's persistent cache, where it would stop later runs of this test
+  # from keeping their program: see the next test).
   programs.keep_programs(None)
-  np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
+  with programs.persistent_cache_threshold(float("inf")):
+    np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
   programs.keep_programs(kept)
 
   # A new process: nothing in memory, so the file is read and nothing is compiled.
@@ -54,6 +57,24 @@ def test_a_kept_program_is_loaded_and_gives_the_same_cycles(kept, monkeypatch):
   programs._loaded.clear()
   np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
   assert files[0].read_bytes() != b"not a program"
+
+
+def test_a_program_from_the_persistent_cache_is_run_but_not_kept(kept):
+  """An executable that JAX's compile cache hands back serializes without its machine
+  code: such a program must run, and never be kept."""
+  import jax
+
+  if not jax.config.jax_compilation_cache_dir:
+    pytest.skip("no persistent compile cache in this session (DIFFSIM_CACHE_DIR=off)")
+  table = load_table("haswell")
+  # 12 blocks: a shape of its own (the command's jobs are powers of two from 8).
+  batch = encode([parse_asm(b) for b in BLOCKS * 4], table.layout.index, length=8)
+  programs.keep_programs(None)
+  with programs.persistent_cache_threshold(0.0):
+    direct = simulate(table, batch, 30)[0]  # compiled, and written to the cache
+  programs.keep_programs(kept)
+  np.testing.assert_array_equal(simulate(table, batch, 30)[0], direct)
+  assert not list(kept.glob("*.xla"))
 
 
 def test_the_key_covers_shapes_static_arguments_and_code():
