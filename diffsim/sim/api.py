@@ -247,8 +247,19 @@ def block_error(table: Table, block: Block | Exception, supported=None) -> str |
   return None
 
 
+def job_size(length: int) -> int:
+  """Blocks per job for blocks padded to `length`: 4,096 up to 32 instructions, then as
+  many instructions' worth (a job's facts are gathered at once).
+
+  Each job's queue drains at its end, slots idling beside its slowest blocks; on the
+  20,000 command blocks, jobs of 4,096 made the whole command 0.92x as long as jobs of
+  1,024 (`benchmarks/RESULTS.md`, fourteenth session).
+  """
+  return min(4096, 4096 * 32 // length)
+
+
 def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterations: int = 100,
-                    throughput: str = "total", batch_size: int = 1024,
+                    throughput: str = "total", batch_size: int | None = None,
                     progress: bool = False) -> list[Prediction]:
   """Simulates decoded blocks; each result or error lands at its block's position.
 
@@ -259,7 +270,7 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
     iterations: N.
     throughput: "total" (llvm-mca's Total Cycles for N iterations, scaled to 100) or
       "steady" (100 * (cycles(2N) - cycles(N)) / N: BHive's steady-state definition).
-    batch_size: blocks per compiled call.
+    batch_size: blocks per compiled call (default `job_size` the bucket length).
 
   Returns:
     One Prediction per input, in input order; cycles are per 100 iterations.
@@ -282,8 +293,9 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
     # Most expensive first, so that the queue's last blocks are short ones.
     cost = cost_estimates(table, [blocks[i] for i in ids])
     ids = [ids[k] for k in np.argsort(-cost, kind="stable")]
-    for s in range(0, len(ids), batch_size):
-      jobs.append((L, ids[s:s + batch_size]))
+    size = batch_size or job_size(L)
+    for s in range(0, len(ids), size):
+      jobs.append((L, ids[s:s + size]))
   bar = _progress(len(jobs), progress)
   # Each job is launched before the previous one is collected: the host encodes the
   # next batch while the devices simulate, and a device that finishes its share of one
