@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import csv
 import importlib
 import json
@@ -35,7 +36,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -184,11 +185,15 @@ def _decode(rows: Sequence, progress: bool) -> list:
   A row whose label or width is bad but whose hex is fine is still decoded: labels
   are the business of `eval` alone.
   """
+  return _decode_hexes([_hex_field(r) for r in rows], progress)
+
+
+def _decode_hexes(hexes: Sequence[str], progress: bool = False) -> list:
   from diffsim.isa import decode_blocks
 
   _need_llvm("llvm-mc")
   try:
-    return decode_blocks([_hex_field(r) for r in rows], progress=progress)
+    return decode_blocks(hexes, progress=progress)
   except RuntimeError as e:  # llvm-mc missing or broken: the environment, not a row
     raise CliError(str(e)) from None
 
@@ -279,12 +284,44 @@ def _load_table(params: str):
 def sim_predict(table, blocks: Sequence, iterations: int, throughput: str,
                 progress: bool) -> list[tuple[float | None, str | None]]:
   """The simulator's prediction for each decoded block (errors passed through)."""
-  _enable_compile_cache()
-  from diffsim.sim import simulate_blocks
+  return _sim_predict_chunks(table, [list(blocks)], iterations, throughput, progress)
 
-  preds = simulate_blocks(table, list(blocks), iterations=iterations, throughput=throughput,
+
+def _sim_predict_chunks(table, chunks: Iterable[Sequence], iterations: int, throughput: str,
+                        progress: bool) -> list[tuple[float | None, str | None]]:
+  """`sim_predict` of blocks that arrive in chunks (`simulate_chunks`)."""
+  _enable_compile_cache()
+  from diffsim.sim.api import simulate_chunks
+
+  preds = simulate_chunks(table, chunks, iterations=iterations, throughput=throughput,
                           progress=progress)
   return [(p.cycles, p.error) for p in preds]
+
+
+DECODE_CHUNK = 5000  # rows decoded at a time while the simulator runs what is decoded
+
+
+@contextlib.contextmanager
+def _decoded_in_background(rows: Sequence) -> Iterator[Iterable[list]]:
+  """The rows' decoded blocks, chunk by chunk, decoded by a second process while this
+  one starts the simulator (`diffsim.isa.background`). An input of one chunk decodes
+  here: a process costs more than it saves."""
+  hexes = [_hex_field(r) for r in rows]
+  if len(hexes) <= DECODE_CHUNK:
+    yield [_decode_hexes(hexes)]
+    return
+  from diffsim.isa.background import decode_in_background
+
+  _need_llvm("llvm-mc")
+  with decode_in_background(hexes, DECODE_CHUNK) as chunks:
+    yield _environment_errors(chunks)
+
+
+def _environment_errors(chunks: Iterator[list]) -> Iterator[list]:
+  try:
+    yield from chunks
+  except RuntimeError as e:  # llvm-mc missing or broken, or the decoder died
+    raise CliError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------
@@ -326,12 +363,10 @@ def cmd_mca(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
   _, rows = _read_rows(args)
-  with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    # Decoding waits mostly on llvm-mc processes: the table and JAX load meanwhile.
-    decoding = pool.submit(_decode, rows, args.progress)
+  with _decoded_in_background(rows) as chunks:  # the table and JAX load meanwhile
     table = _load_table(args.params)
-    blocks = decoding.result()
-  preds = sim_predict(table, blocks, args.iterations, args.throughput, args.progress)
+    preds = _sim_predict_chunks(table, chunks, args.iterations, args.throughput,
+                                args.progress)
   _write_predictions(args.output, [_hex_field(r) for r in rows], preds)
   _report_failures(f"diffsim --params {args.params}", preds)
   return 0
@@ -349,19 +384,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
   if args.mca is None and args.params is None:
     raise CliError("eval needs --params CPU_OR_FILE.json (or --mca CPU for llvm-mca)")
-  table = _load_table(args.params) if args.mca is None else None
   path, rows = _read_rows(args)
   bad_rows = sum(r.error is not None for r in rows)
   usable = [r for r in rows if r.error is None]
   unlabelled = sum(math.isnan(r.y) for r in usable)
   labelled = [r for r in usable if not math.isnan(r.y)]
-  blocks = _decode(labelled, args.progress)
   if args.mca is not None:
     who = f"llvm-mca -mcpu={args.mca}"
-    preds = mca_predict(blocks, args.mca, args.iterations, args.throughput, args.progress)
+    preds = mca_predict(_decode(labelled, args.progress), args.mca, args.iterations,
+                        args.throughput, args.progress)
   else:
     who = f"diffsim --params {args.params}"
-    preds = sim_predict(table, blocks, args.iterations, args.throughput, args.progress)
+    with _decoded_in_background(labelled) as chunks:  # the table and JAX load meanwhile
+      table = _load_table(args.params)
+      preds = _sim_predict_chunks(table, chunks, args.iterations, args.throughput,
+                                  args.progress)
   y = np.array([r.y for r in labelled], np.float64)
   pred = np.array([math.nan if v is None else v for v, _ in preds], np.float64)
   s = metrics.summary(pred, y)

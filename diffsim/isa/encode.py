@@ -22,7 +22,10 @@ instruction, C consumers per instruction.
 
 from __future__ import annotations
 
+import bisect
+import collections
 import dataclasses
+import functools
 import re
 from typing import Mapping, Sequence
 
@@ -90,6 +93,7 @@ except ImportError:  # pragma: no cover
   pass
 
 
+@functools.cache
 def reg_kind(reg: str) -> str:
   """The register kind a register file renames (params.table.REG_KINDS)."""
   if reg == FLAGS:
@@ -108,54 +112,72 @@ def reg_kind(reg: str) -> str:
 
 
 def _write_role(w) -> int:
-  if w.role.startswith("op"):
-    role = w.role if w.role in WRITE_ROLES else "other"
+  return _role_index(w.role, w.reg)
+
+
+@functools.cache
+def _role_index(role: str, reg: str) -> int:
+  if role.startswith("op"):
+    name = role if role in WRITE_ROLES else "other"
   else:
-    role = w.reg if w.reg in WRITE_ROLES else "other"
-  return WRITE_ROLES.index(role)
+    name = reg if reg in WRITE_ROLES else "other"
+  return WRITE_ROLES.index(name)
 
 
 def _read_class(r) -> int:
-  if r.role in READ_CLASSES:
-    return READ_CLASSES.index(r.role)
-  if r.role in ("base", "index"):
+  return _class_index(r.role)
+
+
+@functools.cache
+def _class_index(role: str) -> int:
+  if role in READ_CLASSES:
+    return READ_CLASSES.index(role)
+  if role in ("base", "index"):
     return READ_CLASSES.index("addr")
-  if r.role == "flags":
+  if role == "flags":
     return READ_CLASSES.index("flags")
   return READ_CLASSES.index("implicit")
 
 
 def dependencies(block: Block) -> list[list[tuple[int, int, int, int]]]:
   """Per instruction: its deps as (producer, distance, write role, read class)."""
-  n = len(block.instrs)
+  instrs = block.instrs
+  # Each instruction's first write of each register, and every register's writers.
+  first: list[dict] = []
+  writers: dict[str, list[int]] = {}
+  for p, ins in enumerate(instrs):
+    mine = {}
+    for w in ins.writes:
+      if w.reg not in mine:
+        mine[w.reg] = w
+        writers.setdefault(w.reg, []).append(p)
+    first.append(mine)
   deps: list[list[tuple[int, int, int, int]]] = []
-  for c, ins in enumerate(block.instrs):
+  for c, ins in enumerate(instrs):
     mine = []
     for r in ins.reads:
       # One edge per (read, writer): llvm-mca counts every register read as a user
       # of its writer (the issue priority), so two reads of one register are two.
-      edges = []
+      ps = writers.get(r.reg)
+      if not ps:
+        continue
       cls = _read_class(r)
-      # Walk back through the looped block to the last writer, and past partial
-      # writers to the full write whose value they merge into.
-      for m in range(1, n + 1):
-        p = c - m
-        prod = block.instrs[p % n]
-        hit = [w for w in prod.writes if w.reg == r.reg]
-        if not hit:
-          continue
-        w = hit[0]
-        edge = (p % n, 1 if p < 0 else 0, _write_role(w), cls)
-        if edge not in edges:
-          edges.append(edge)
+      need = getattr(r, "width", 0)
+      # Walk back through the looped block to the last writer (this iteration's
+      # writers before c, then the previous iteration's from the end down to c itself),
+      # and past partial writers to the full write whose value they merge into.
+      k = bisect.bisect_left(ps, c)
+      walk = [(p, 0) for p in reversed(ps[:k])] + [(p, 1) for p in reversed(ps[k:])]
+      for p, dist in walk:
+        w = first[p][r.reg]
+        mine.append((p, dist, _write_role(w), cls))
         if not w.merge:
           break
         # A partial write that covers every bit the read needs ends the walk too:
         # after `movsd (%rcx),%xmm1` a read of %xmm1 waits only for the movsd.
-        need, wrote = getattr(r, "width", 0), getattr(w, "width", 0)
+        wrote = getattr(w, "width", 0)
         if need and wrote and wrote >= need:
           break
-      mine += edges
     deps.append(mine)
   return deps
 
@@ -287,23 +309,33 @@ def _rename_history(block: Block, renaming: Renaming, movable: Sequence[bool] | 
     movable = [ins.key in renaming.move_elim or ins.opcode in renaming.move_elim
                for ins in block.instrs]
   elim = list(movable)
+  kinds = renaming.kinds
 
   def slot_of(reg, width):
-    kind = reg_kind(reg)
-    if kind == "vec" and kind in renaming.kinds:
-      return (reg, _vec_level(width))
-    return (reg, -1)
+    return _slot(reg, width, reg_kind(reg) == "vec" and "vec" in kinds)
 
   pairs = [_move_pairs(ins, slot_of) if e else [] for ins, e in zip(block.instrs, elim)]
   elim = [e and bool(p) for e, p in zip(elim, pairs)]
-
-  def renamed(slot):
-    return reg_kind(slot[0]) in renaming.kinds
-
-  def family(slot):  # the slot and its sub-registers (llvm-mca's MCSubRegIterator)
-    if slot[1] < 0:
-      return [slot]
-    return [(slot[0], lv) for lv in range(slot[1], -1, -1)]
+  # What each instruction reads and writes, worked out once for all iterations:
+  # reads as (read class, slot, renamed); writes (the first per slot) as (operand j,
+  # slot, write role, merge, merges into a renamed GPR, renamed, slots it maps).
+  reads, writes = [], []
+  for ins in block.instrs:
+    reads.append([(_read_class(r), slot, reg_kind(r.reg) in kinds)
+                  for r in ins.reads for slot in [slot_of(r.reg, r.width)]])
+    mine, done = [], set()
+    for j, w in enumerate(ins.writes):
+      slot = slot_of(w.reg, w.width)
+      if slot in done:
+        continue  # a second write of one register: the mapping keeps the first
+      done.add(slot)
+      kind = reg_kind(w.reg)
+      targets = _family(slot)
+      if slot[1] >= 0 and not w.merge:  # clears the upper bits: the wider registers too
+        targets = tuple((slot[0], lv) for lv in range(3))
+      mine.append((j, slot, _write_role(w), w.merge, kind == "gpr" and w.merge, kind in kinds,
+                   targets))
+    writes.append(mine)
 
   mapping: dict = {}  # slot -> [(dynamic position, write role)]
   alias: dict = {}  # slot -> slot
@@ -316,43 +348,31 @@ def _rename_history(block: Block, renaming: Renaming, movable: Sequence[bool] | 
       if elim[c]:
         for src, dst in pairs[c]:
           target = alias.get(src, src)
-          for s in family(dst):
+          for s in _family(dst):
             alias[s] = target
         deps_it.append([])
         alloc[c] = [False] * len(ins.writes)
         continue
       mine = []
-      for r in ins.reads:  # one edge per (read, writer), as in `dependencies`
-        cls = _read_class(r)
-        slot = slot_of(r.reg, r.width)
-        if renamed(slot):
-          root = alias.get(slot, slot)
-          found = [w for s in family(root) for w in mapping.get(s, ())]
+      for cls, slot, renamed in reads[c]:  # one edge per (read, writer), as `dependencies`
+        if renamed:
+          found = [w for s in _family(alias.get(slot, slot)) for w in mapping.get(s, ())]
         else:
-          found = list(mapping.get(slot, ()))
+          found = mapping.get(slot, ())
         for ppos, role in dict.fromkeys(found):
           mine.append((ppos, role, cls, -1))
-      done = set()
-      for j, w in enumerate(ins.writes):
-        slot = slot_of(w.reg, w.width)
-        entry = [(pos, _write_role(w))]
-        if slot in done:
-          continue  # a second write of one register: the mapping keeps the first
-        done.add(slot)
-        if not renamed(slot):
-          mapping[slot] = (list(mapping.get(slot, ())) + entry) if w.merge else entry
+      for j, slot, role, merge, gpr_merge, renamed, targets in writes[c]:
+        entry = [(pos, role)]
+        if not renamed:
+          mapping[slot] = (list(mapping.get(slot, ())) + entry) if merge else entry
           continue
-        kind = reg_kind(w.reg)
-        if kind == "gpr" and w.merge:
+        if gpr_merge:
           # Renamed as the 64-bit register without clearing it: a false dependency on
           # the mapping's writer (not on an alias), and no physical register.
           alloc[c][j] = False
-          for ppos, role in mapping.get(slot, ()):
+          for ppos, prole in mapping.get(slot, ()):
             if ppos != pos:
-              mine.append((ppos, role, 0, entry[0][1]))
-        targets = family(slot)
-        if slot[1] >= 0 and not w.merge:  # clears the upper bits: the wider registers too
-          targets = [(slot[0], lv) for lv in range(3)]
+              mine.append((ppos, prole, 0, role))
         for s in targets:
           mapping[s] = entry
           alias.pop(s, None)
@@ -364,6 +384,21 @@ def _rename_history(block: Block, renaming: Renaming, movable: Sequence[bool] | 
     if len(history) >= 3 and history[-1] == history[-2]:
       break
   return history, alloc, elim
+
+
+@functools.cache
+def _slot(reg: str, width: int, by_level: bool) -> tuple[str, int]:
+  """A register's mapping slot: a renamed vector register per width level (XMM, YMM,
+  ZMM are three), anything else as itself (level -1)."""
+  return (reg, _vec_level(width)) if by_level else (reg, -1)
+
+
+@functools.cache
+def _family(slot: tuple[str, int]) -> tuple:
+  """The slot and its sub-registers (llvm-mca's MCSubRegIterator)."""
+  if slot[1] < 0:
+    return (slot,)
+  return tuple((slot[0], lv) for lv in range(slot[1], -1, -1))
 
 
 def rename_dependencies(block: Block, renaming: Renaming, movable: Sequence[bool] | None = None):
@@ -397,18 +432,21 @@ def _ranged_edges(history) -> list[list[tuple]]:
   K = len(history) - 1
   out = []
   for c in range(len(history[-1])):
+    lists = [h[c] for h in history]
+    seen = dict.fromkeys(e for edges in lists for e in edges)
+    if all(edges == [e for e in lists[-1] if e[1] <= k] for k, edges in enumerate(lists)):
+      # The usual case: every iteration has the steady edges, but for those reaching
+      # back past its start, so each holds from iteration 0 on.
+      many = collections.Counter(lists[-1])
+      out.append([(*e, 0, ALWAYS) for e in seen for _ in range(many[e])])
+      continue
+    counts = [collections.Counter(edges) for edges in lists]
     mine = []
-    seen = []
-    for k in range(K + 1):
-      for e in dict.fromkeys(history[k][c]):
-        if e not in seen:
-          seen.append(e)
     for e in seen:
-      copies = max(h[c].count(e) for h in history)
-      for j in range(copies):
+      for j in range(max(x[e] for x in counts)):
         runs, start = [], None
         for k in range(K + 1):
-          present = history[k][c].count(e) > j or k < e[1]
+          present = counts[k][e] > j or k < e[1]
           if present and start is None:
             start = k
           if not present and start is not None:
@@ -465,6 +503,26 @@ def bucket_length(n: int) -> int:
   return _bucket(n, BUCKETS)
 
 
+_NO_KEY = object()
+
+
+def _scatter(rows: list[tuple], shape: tuple[int, ...], fields: dict, present: str | None = None):
+  """Arrays of `shape` filled from `rows` = (index..., value per field...): each field
+  (name -> (dtype, fill value)) in row order; `present` names a mask of the rows'
+  positions."""
+  k = len(shape)
+  table = np.array(rows, np.int64).reshape(len(rows), k + len(fields))
+  at = tuple(table[:, i] for i in range(k))
+  out = {}
+  for i, (name, (dtype, fill)) in enumerate(fields.items()):
+    out[name] = np.full(shape, fill, dtype)
+    out[name][at] = table[:, k + i]
+  if present:
+    out[present] = np.zeros(shape, bool)
+    out[present][at] = True
+  return out
+
+
 def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | None = None,
            max_deps: int | None = None, max_uses: int | None = None,
            renaming: Renaming | None = None) -> BlockBatch:
@@ -490,6 +548,16 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
     if not blk.instrs:
       raise ValueError(f"block {b} is empty")
   L = length or bucket_length(max((len(b) for b in blocks), default=1))
+  # Decoded blocks share their Instr objects (one per distinct instruction), so each
+  # instruction's table key is looked up once per call.
+  key_memo: dict[int, str | None] = {}
+
+  def key_of(ins):
+    k = key_memo.get(id(ins), _NO_KEY)
+    if k is _NO_KEY:
+      k = key_memo[id(ins)] = table_key(ins, keys)
+    return k
+
   all_deps, all_alloc, all_elim = [], [], []
   for blk in blocks:
     if renaming is None:
@@ -497,7 +565,7 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
       alloc = [[True] * len(ins.writes) for ins in blk.instrs]
       elim = [False] * len(blk.instrs)
     else:
-      movable = [table_key(ins, keys) in renaming.move_elim for ins in blk.instrs]
+      movable = [key_of(ins) in renaming.move_elim for ins in blk.instrs]
       history, alloc, elim = _rename_history(blk, renaming, movable)
       deps = _ranged_edges(history)
     all_deps.append(deps)
@@ -505,10 +573,7 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
     all_elim.append(elim)
   uses_count = []
   for deps in all_deps:
-    cnt = {}
-    for ds in deps:
-      for (p, *_rest) in ds:
-        cnt[p] = cnt.get(p, 0) + 1
+    cnt = collections.Counter(e[0] for ds in deps for e in ds)
     uses_count.append(max(cnt.values(), default=0))
   # Few distinct shapes keep compilations few: D at least 8, C at least min(L, 32).
   D = max_deps or max(8, _bucket(max((len(d) for ds in all_deps for d in ds), default=1),
@@ -516,56 +581,48 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
   C = max_uses or max(min(L, 32), _bucket(max(uses_count, default=1), DEP_BUCKETS + (128, 256)))
   from diffsim.params.table import REG_KINDS
 
-  out = dict(
-      opcode=np.zeros((B, L), np.int32), valid=np.zeros((B, L), bool),
-      length=np.zeros(B, np.int32),
-      dep_src=np.zeros((B, L, D), np.int32), dep_dist=np.zeros((B, L, D), np.int32),
-      dep_role=np.zeros((B, L, D), np.int32), dep_class=np.zeros((B, L, D), np.int32),
-      dep_valid=np.zeros((B, L, D), bool), dep_waw=np.full((B, L, D), -1, np.int32),
-      dep_first=np.zeros((B, L, D), np.int32), dep_last=np.full((B, L, D), ALWAYS, np.int32),
-      use_dst=np.zeros((B, L, C), np.int32), use_dist=np.zeros((B, L, C), np.int32),
-      use_edge=np.zeros((B, L, C), np.int32), use_valid=np.zeros((B, L, C), bool),
-      write_kind=np.full((B, L, MAX_WRITES), -1, np.int32),
-      write_alloc=np.zeros((B, L, MAX_WRITES), bool),
-      write_cost=np.zeros((B, L, MAX_WRITES), np.int32),
-      eliminated=np.zeros((B, L), bool), loads=np.zeros((B, L), bool), stores=np.zeros((B, L), bool))
+  # Rows of (indices..., values...) gathered in Python, written into the arrays at once.
+  instr_rows, write_rows, dep_rows, use_rows = [], [], [], []
+  write_memo: dict[tuple, tuple[int, int]] = {}
   for b, (blk, deps, alloc, elim) in enumerate(zip(blocks, all_deps, all_alloc, all_elim)):
     n = len(blk.instrs)
     if n > L:
       raise ValueError(f"block {b} has {n} instructions, more than the padded length {L}")
-    out["length"][b] = n
     nuse = [0] * n
     for c, ins in enumerate(blk.instrs):
-      key = table_key(ins, keys)
+      key = key_of(ins)
       if key is None:
         raise KeyError(f"block {b}: instruction {c} `{ins.text}` has opcode key {ins.key!r}, "
                        "which the parameter table does not know")
-      out["opcode"][b, c] = keys[key]
-      out["valid"][b, c] = True
-      out["loads"][b, c] = ins.loads
-      out["stores"][b, c] = ins.stores
-      out["eliminated"][b, c] = elim[c]
+      instr_rows.append((b, c, keys[key], ins.loads, ins.stores, elim[c]))
       for j, w in enumerate(ins.writes[:MAX_WRITES]):
-        out["write_kind"][b, c, j] = REG_KINDS.index(reg_kind(w.reg))
-        out["write_alloc"][b, c, j] = alloc[c][j]
-        out["write_cost"][b, c, j] = renaming.cost(w) if renaming else 1
+        kind_cost = write_memo.get((w.reg, w.width))
+        if kind_cost is None:
+          kind_cost = write_memo[w.reg, w.width] = (
+              REG_KINDS.index(reg_kind(w.reg)), renaming.cost(w) if renaming else 1)
+        write_rows.append((b, c, j, *kind_cost, alloc[c][j]))
       if len(deps[c]) > D:
         raise ValueError(f"block {b}: instruction {c} has {len(deps[c])} deps, more than {D}")
-      for d, (p, dist, role, cls, waw, first, last) in enumerate(deps[c]):
-        out["dep_src"][b, c, d] = p
-        out["dep_dist"][b, c, d] = dist
-        out["dep_role"][b, c, d] = role
-        out["dep_class"][b, c, d] = cls
-        out["dep_valid"][b, c, d] = True
-        out["dep_waw"][b, c, d] = waw
-        out["dep_first"][b, c, d] = first
-        out["dep_last"][b, c, d] = last
+      for d, edge in enumerate(deps[c]):
+        p, dist = edge[0], edge[1]
+        dep_rows.append((b, c, d, *edge))
         u = nuse[p]
         if u >= C:
           raise ValueError(f"block {b}: instruction {p} has more than {C} consumers")
-        out["use_dst"][b, p, u] = c
-        out["use_dist"][b, p, u] = dist
-        out["use_edge"][b, p, u] = d
-        out["use_valid"][b, p, u] = True
+        use_rows.append((b, p, u, c, dist, d))
         nuse[p] += 1
+  out = dict(length=np.array([len(blk.instrs) for blk in blocks], np.int32).reshape(B))
+  out.update(_scatter(instr_rows, (B, L), dict(opcode=(np.int32, 0), loads=(bool, False),
+                                               stores=(bool, False), eliminated=(bool, False)),
+                      present="valid"))
+  out.update(_scatter(write_rows, (B, L, MAX_WRITES),
+                      dict(write_kind=(np.int32, -1), write_cost=(np.int32, 0),
+                           write_alloc=(bool, False))))
+  out.update(_scatter(dep_rows, (B, L, D), dict(
+      dep_src=(np.int32, 0), dep_dist=(np.int32, 0), dep_role=(np.int32, 0),
+      dep_class=(np.int32, 0), dep_waw=(np.int32, -1), dep_first=(np.int32, 0),
+      dep_last=(np.int32, ALWAYS)), present="dep_valid"))
+  out.update(_scatter(use_rows, (B, L, C), dict(
+      use_dst=(np.int32, 0), use_dist=(np.int32, 0), use_edge=(np.int32, 0)),
+      present="use_valid"))
   return BlockBatch(**out)

@@ -89,7 +89,7 @@ def _digest(blocks: Sequence[Block], uarchs: Sequence[Uarch], iterations: int,
   relabels instead of reading labels it would no longer compute."""
   h = hashlib.blake2b(digest_size=8)
   h.update(json.dumps([iterations, [u.name for u in uarchs],
-                       programs.source_digest("isa", "params", "sim")]).encode())
+                       programs.source_digest(*programs.PROGRAM_SOURCES)]).encode())
   for b in blocks:
     h.update(b.hex.encode() + b";")
   for leaf in jax.tree.leaves(tables):

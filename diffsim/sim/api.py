@@ -6,14 +6,15 @@ parameter tables. Both shard the block axis over every local device with
 `shard_map`, so each device runs its own cycle loop without synchronising.
 `simulate_blocks` is the convenience layer used by the CLI: it buckets blocks by
 length, orders them by expected cost so that batches finish together, and reports a
-per-block error instead of failing the whole run.
+per-block error instead of failing the whole run; `simulate_chunks` does the same for
+blocks that arrive in chunks, starting jobs while later chunks are still produced.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -219,13 +220,43 @@ def cost_estimates(table: Table, blocks: Sequence[Block]) -> np.ndarray:
     return np.zeros(0)
   idx = table.layout.index
   keys = np.array([idx[table_key(i, idx)] for b in blocks for i in b.instrs])
-  n = np.array([len(b.instrs) for b in blocks])
+  return _costs(table, np.array([len(b.instrs) for b in blocks]), keys)
+
+
+def _costs(table: Table, n: np.ndarray, keys: np.ndarray) -> np.ndarray:
+  """`cost_estimates` of blocks of n [B] instructions whose key indices, block after
+  block, are `keys`."""
+  if not len(n):
+    return np.zeros(0)
   starts = np.cumsum(n) - n
   uops = np.add.reduceat(np.asarray(table.params.uops)[keys], starts)
   latency = np.asarray(table.params.latency)
   slowest = np.maximum.reduceat(latency.reshape(latency.shape[0], -1).max(axis=1)[keys], starts)
   per_iteration = np.maximum(uops / float(table.params.dispatch_width), slowest / 2.0)
   return np.maximum(per_iteration, 0.25) * n
+
+
+def _key_indices(table: Table, blocks: Sequence[Block | Exception]) -> list[list[int] | None]:
+  """Each block's table key indices (None: a decode failure, an empty block, or a key
+  the table lacks). Decoded blocks share their instructions' objects, and a key
+  depends only on the instruction's key, mnemonic and text, so each is looked up once."""
+  idx = table.layout.index
+  memo: dict[tuple[str, str, str], int] = {}
+  out: list[list[int] | None] = []
+  for b in blocks:
+    if isinstance(b, Exception) or not b.instrs:
+      out.append(None)
+      continue
+    mine = []
+    for ins in b.instrs:
+      what = (ins.key, ins.mnemonic, ins.text)
+      k = memo.get(what)
+      if k is None:
+        key = table_key(ins, idx)
+        k = memo[what] = -1 if key is None else idx[key]
+      mine.append(k)
+    out.append(mine if min(mine) >= 0 else None)
+  return out
 
 
 def block_error(table: Table, block: Block | Exception, supported=None) -> str | None:
@@ -275,41 +306,67 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
   Returns:
     One Prediction per input, in input order; cycles are per 100 iterations.
   """
+  return simulate_chunks(table, [blocks], iterations=iterations, throughput=throughput,
+                         batch_size=batch_size, progress=progress)
+
+
+def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]], *,
+                    iterations: int = 100, throughput: str = "total",
+                    batch_size: int | None = None, progress: bool = False) -> list[Prediction]:
+  """`simulate_blocks` of the blocks of `chunks` in order, as they arrive (from a decoder
+  that yields them chunk by chunk): a job starts as soon as its bucket holds a full
+  job's blocks, so the devices simulate while later chunks are still being produced.
+
+  A full job takes its bucket's most expensive waiting blocks, and what is left at the
+  end goes out most expensive first too, so that each job's queue ends with short
+  blocks (`cost_estimates`).
+  """
   if throughput not in ("total", "steady"):
     raise ValueError(f"throughput must be 'total' or 'steady', not {throughput!r}")
-  out: list[Prediction | None] = [None] * len(blocks)
-  idx = table.layout.index
+  blocks: list[Block | Exception] = []
+  out: list[Prediction | None] = []
   supported = np.asarray(table.structure.supported)
-  runnable: dict[int, list[int]] = {}
-  for i, b in enumerate(blocks):
-    err = block_error(table, b, supported)
-    if err:
-      out[i] = Prediction(None, err)
-      continue
-    L = next(x for x in BUCKETS if len(b.instrs) <= x)
-    runnable.setdefault(L, []).append(i)
-  jobs = []
-  for L, ids in sorted(runnable.items()):
-    # Most expensive first, so that the queue's last blocks are short ones.
-    cost = cost_estimates(table, [blocks[i] for i in ids])
-    ids = [ids[k] for k in np.argsort(-cost, kind="stable")]
-    size = batch_size or job_size(L)
-    for s in range(0, len(ids), size):
-      jobs.append((L, ids[s:s + size]))
-  bar = _progress(len(jobs), progress)
-  # Each job is launched before the previous one is collected: the host encodes the
-  # next batch while the devices simulate, and a device that finishes its share of one
-  # job early starts on the next.
+  waiting: dict[int, list[int]] = {}  # bucket length -> blocks not yet in a job
+  cost = np.zeros(0)  # per block, `cost_estimates`
+  bar = _progress(progress)
   previous = None
-  for k, (L, ids) in enumerate(jobs):
-    started = _start_job(table, blocks, ids, L, out, iterations, throughput)
-    if k:
-      _collect(previous, out, iterations, throughput)
-      bar.update(1)
+
+  def run(L: int, ids: list[int], size: int) -> None:
+    """Launches the `size` most expensive of `ids` (removed from it) as one job, then
+    collects the job before it: the host encodes the next job while the devices
+    simulate."""
+    nonlocal previous
+    order = np.argsort(-cost[ids], kind="stable")
+    job = [ids[k] for k in order[:size]]
+    ids[:] = [ids[k] for k in order[size:]]
+    started = _start_job(table, blocks, job, L, out, iterations, throughput)
+    _collect(previous, out, iterations, throughput, bar)
     previous = started
-  if jobs:
-    _collect(previous, out, iterations, throughput)
-    bar.update(1)
+
+  for chunk in chunks:
+    first = len(blocks)
+    n, keys = [], []
+    for b, b_keys in zip(chunk, _key_indices(table, chunk)):
+      i = len(blocks)
+      blocks.append(b)
+      ok = b_keys is not None and len(b_keys) <= BUCKETS[-1] and supported[b_keys].all()
+      out.append(None if ok else Prediction(None, block_error(table, b, supported)))
+      if ok:
+        waiting.setdefault(next(x for x in BUCKETS if len(b_keys) <= x), []).append(i)
+        n.append(len(b_keys))
+        keys += b_keys
+    runnable = [i for i in range(first, len(blocks)) if out[i] is None]
+    cost = np.concatenate([cost, np.zeros(len(blocks) - first)])
+    cost[runnable] = _costs(table, np.array(n, int), np.array(keys, int))
+    for L, ids in sorted(waiting.items()):
+      size = batch_size or job_size(L)
+      while len(ids) >= size:
+        run(L, ids, size)
+  for L, ids in sorted(waiting.items()):
+    size = batch_size or job_size(L)
+    while ids:
+      run(L, ids, size)
+  _collect(previous, out, iterations, throughput, bar)
   bar.close()
   return out  # type: ignore[return-value]
 
@@ -334,8 +391,8 @@ def _start_job(table: Table, blocks, ids, L: int, out, iterations: int, throughp
   return ids, _launch(table, batch, np.concatenate([its, np.zeros(size - len(its), int)]))
 
 
-def _collect(started, out, iterations: int, throughput: str) -> None:
-  """Waits for a launched job and writes its rows."""
+def _collect(started, out, iterations: int, throughput: str, bar=None) -> None:
+  """Waits for a launched job and writes its rows (and counts them on `bar`)."""
   if started is None:
     return
   ids, launched = started
@@ -349,6 +406,8 @@ def _collect(started, out, iterations: int, throughput: str) -> None:
   for i, v, o in zip(ids, vals, ovf):
     out[i] = (Prediction(None, "did not finish within the cycle budget") if o
               else Prediction(float(v)))
+  if bar is not None:
+    bar.update(m)
 
 
 def _encode_or_report(blocks, ids, idx, L, out, renaming=None):
@@ -368,11 +427,11 @@ def _encode_or_report(blocks, ids, idx, L, out, renaming=None):
     return good, encode([blocks[i] for i in good], idx, length=L, renaming=renaming)
 
 
-def _progress(total: int, enabled: bool):
+def _progress(enabled: bool):
   if enabled:
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="batch", desc="simulate")
+    return tqdm(unit="block", desc="simulate")
 
   class _Null:
     def update(self, n):

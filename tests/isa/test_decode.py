@@ -490,6 +490,32 @@ def test_bad_blocks_do_not_affect_neighbours():
   assert s["by_reason"]["invalid-instruction"] == 2
 
 
+def test_decoding_in_background_is_decoding_here():
+  """The child process gives every chunk exactly what `decode_blocks` gives, errors
+  included, in order."""
+  from diffsim.isa.background import decode_in_background
+
+  hexes = BHIVE[:6] + ["06", "", "4801d"] + BHIVE[6:9]
+  with decode_in_background(hexes, chunk=4) as chunks:
+    got = [r for chunk in chunks for r in chunk]
+  here = decode_blocks(hexes)
+  assert len(got) == len(here) == len(hexes)
+  for a, b in zip(got, here):
+    if isinstance(b, DecodeError):
+      assert isinstance(a, DecodeError) and (a.reason, a.detail) == (b.reason, b.detail)
+    else:
+      assert block_to_json(a) == block_to_json(b)
+
+
+def test_background_decoder_reports_a_missing_llvm_mc(monkeypatch):
+  from diffsim.isa.background import decode_in_background
+
+  monkeypatch.setenv("DIFFSIM_LLVM_MC", "/nonexistent/llvm-mc")
+  with decode_in_background(BHIVE[:3], chunk=2) as chunks:
+    with pytest.raises(RuntimeError, match="/nonexistent/llvm-mc not found"):
+      list(chunks)
+
+
 def test_prefix_lines_fold_into_the_instruction():
   fold = decode_mod._fold_prefixes
   assert fold([("lock", "LOCK_PREFIX"), ("addq %rcx, (%rax)", "ADD64mr")], "x") == (

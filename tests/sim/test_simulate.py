@@ -16,7 +16,7 @@ from diffsim.isa.encode import encode
 from diffsim.mca import run_mca
 from diffsim.mca import timeline as mca_timeline
 from diffsim.params.table import load_table
-from diffsim.sim import simulate, simulate_blocks, simulate_sweep
+from diffsim.sim import simulate, simulate_blocks, simulate_chunks, simulate_sweep
 from diffsim.sim.api import timeline
 
 SMALL = ["addl %ecx, %eax; imull %eax, %eax", "vdivsd %xmm1, %xmm2, %xmm3",
@@ -198,6 +198,20 @@ def test_bad_blocks_get_errors_and_spare_the_rest(haswell):
   assert out[0].cycles == out[3].cycles and out[0].error is None
   assert "decode" in out[1].error and out[1].cycles is None
   assert "300 instructions" in out[2].error
+
+
+def test_blocks_in_chunks_give_what_blocks_give(haswell):
+  """Jobs started as chunks arrive (here every two blocks of a bucket) predict what one
+  call on all blocks predicts, errors in place."""
+  texts = ["addl %ecx, %eax", "imull %eax, %eax; addl %eax, %ecx", "movq (%rdi), %rax",
+           "addl %ecx, %eax; " * 9 + "imull %eax, %ebx", "divl %ecx", "xorl %eax, %eax",
+           "addq $1, (%rsi); movq (%rsi), %rax"]
+  blocks = [parse_asm(t) for t in texts]
+  blocks.insert(3, ValueError("bad hex"))
+  chunks = [blocks[:3], blocks[3:4], [], blocks[4:]]
+  got = simulate_chunks(haswell, chunks, batch_size=2)
+  assert got == simulate_blocks(haswell, blocks)
+  assert got[3].error.startswith("decode") and all(p.cycles for p in got[:3] + got[4:])
 
 
 @pytest.mark.skipif(len(jax.devices()) > 1, reason="already multi-device")
