@@ -149,7 +149,7 @@ def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
   batch_p, its_p = _pad_batch(jax.tree.map(np.asarray, batch), its, n_dev)
   # Rows are dealt to the devices in turn rather than in contiguous shares, so that a
   # batch sorted by cost, or padded at its end, gives every device the same mix.
-  deal = np.arange(len(its_p)).reshape(-1, n_dev).T.reshape(-1)
+  deal = _deal(len(its_p), n_dev)
   batch_p, its_p = jax.tree.map(lambda x: x[deal], (batch_p, its_p))
   # On the host, so that a table left on one device (a fit's output) is not refused by
   # the program sharded over all of them.
@@ -159,6 +159,12 @@ def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
       dict(layout=table.layout, window=window, max_cycles=max_cycles,
            fast_forward=fast_forward, slots=slots))
   return cycles, overflow, np.argsort(deal)[:B]
+
+
+def _deal(n: int, n_dev: int) -> np.ndarray:
+  """[n] row order that gives device d (a contiguous share of the sharded axis) rows d,
+  d + n_dev, d + 2 n_dev, ... (n a multiple of n_dev)."""
+  return np.arange(n).reshape(-1, n_dev).T.reshape(-1)
 
 
 def _finish(launched):
@@ -174,12 +180,16 @@ def _sweep(params, structure, batch, iterations, *, layout, window, max_cycles, 
   facts = jax.vmap(lambda p: jax.vmap(lambda b: gather(p, structure, layout, b))(batch))(params)
   limits = jax.vmap(integer_globals)(params)
   limits = jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (P, B) + x.shape[1:]), limits)
-  flat = lambda x: x.reshape((P * B,) + x.shape[2:])  # noqa: E731
+  # Pairs dealt to the devices in turn, as `simulate` deals rows: contiguous shares would
+  # give each device whole tables, whose costs differ.
+  deal = _deal(P * B, len(jax.local_devices()))
+  flat = lambda x: x.reshape((P * B,) + x.shape[2:])[deal]  # noqa: E731
   cycles, overflow = _sharded_queue(
-      jax.tree.map(flat, facts), jax.tree.map(flat, limits), jnp.tile(iterations, P),
+      jax.tree.map(flat, facts), jax.tree.map(flat, limits), jnp.tile(iterations, P)[deal],
       jnp.asarray(layout.group_members, jnp.int32), window=window, max_cycles=max_cycles,
       fast_forward=True, slots=slots)
-  return cycles.reshape(P, B), overflow.reshape(P, B)
+  back = np.argsort(deal)
+  return cycles[back].reshape(P, B), overflow[back].reshape(P, B)
 
 
 def simulate_sweep(params: Params, structure: Structure, layout: Layout, batch: BlockBatch,

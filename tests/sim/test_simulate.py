@@ -217,7 +217,7 @@ def test_blocks_in_chunks_give_what_blocks_give(haswell):
 @pytest.mark.skipif(len(jax.devices()) > 1, reason="already multi-device")
 def test_sharded_over_eight_host_devices():
   """The shard_map path on 8 forced CPU devices gives the single-device answer, also for
-  a table committed to one device (as a fit leaves it)."""
+  a table committed to one device (as a fit leaves it), and for a sweep."""
   code = textwrap.dedent("""
       import dataclasses
       import jax, numpy as np
@@ -234,6 +234,13 @@ def test_sharded_over_eight_host_devices():
                          t.params)
       c0, _ = simulate(dataclasses.replace(t, params=on0), batch, 100)
       assert (c0 == c).all(), (c0, c)
+      # A sweep deals its (table, block) pairs to the devices: the same cycles.
+      from diffsim.sim import simulate_sweep
+      narrow = t.params.replace(dispatch_width=np.float32(2))
+      both = jax.tree.map(lambda a, b: np.stack([a, b]), t.params, narrow)
+      s, _ = simulate_sweep(both, t.structure, t.layout, batch, 100)
+      c2, _ = simulate(dataclasses.replace(t, params=narrow), batch, 100)
+      assert (s[0] == c).all() and (s[1] == c2).all(), (s, c, c2)
       print([int(x) for x in c])
   """)
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
