@@ -26,7 +26,6 @@ Throughputs leave the command in BHive's unit, cycles per 100 iterations:
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import csv
 import importlib
@@ -284,17 +283,18 @@ def _load_table(params: str):
 def sim_predict(table, blocks: Sequence, iterations: int, throughput: str,
                 progress: bool) -> list[tuple[float | None, str | None]]:
   """The simulator's prediction for each decoded block (errors passed through)."""
-  return _sim_predict_chunks(table, [list(blocks)], iterations, throughput, progress)
+  blocks = list(blocks)
+  return _sim_predict_chunks(table, [blocks], len(blocks), iterations, throughput, progress)
 
 
-def _sim_predict_chunks(table, chunks: Iterable[Sequence], iterations: int, throughput: str,
-                        progress: bool) -> list[tuple[float | None, str | None]]:
-  """`sim_predict` of blocks that arrive in chunks (`simulate_chunks`)."""
+def _sim_predict_chunks(table, chunks: Iterable[Sequence], total: int, iterations: int,
+                        throughput: str, progress: bool) -> list[tuple[float | None, str | None]]:
+  """`sim_predict` of `total` blocks that arrive in chunks (`simulate_chunks`)."""
   _enable_compile_cache()
-  from diffsim.sim.api import simulate_chunks
+  from diffsim.sim import simulate_chunks
 
   preds = simulate_chunks(table, chunks, iterations=iterations, throughput=throughput,
-                          progress=progress)
+                          progress=progress, total=total)
   return [(p.cycles, p.error) for p in preds]
 
 
@@ -365,7 +365,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
   _, rows = _read_rows(args)
   with _decoded_in_background(rows) as chunks:  # the table and JAX load meanwhile
     table = _load_table(args.params)
-    preds = _sim_predict_chunks(table, chunks, args.iterations, args.throughput,
+    preds = _sim_predict_chunks(table, chunks, len(rows), args.iterations, args.throughput,
                                 args.progress)
   _write_predictions(args.output, [_hex_field(r) for r in rows], preds)
   _report_failures(f"diffsim --params {args.params}", preds)
@@ -397,8 +397,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     who = f"diffsim --params {args.params}"
     with _decoded_in_background(labelled) as chunks:  # the table and JAX load meanwhile
       table = _load_table(args.params)
-      preds = _sim_predict_chunks(table, chunks, args.iterations, args.throughput,
-                                  args.progress)
+      preds = _sim_predict_chunks(table, chunks, len(labelled), args.iterations,
+                                  args.throughput, args.progress)
   y = np.array([r.y for r in labelled], np.float64)
   pred = np.array([math.nan if v is None else v for v, _ in preds], np.float64)
   s = metrics.summary(pred, y)

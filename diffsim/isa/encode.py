@@ -27,7 +27,7 @@ import collections
 import dataclasses
 import functools
 import re
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -491,6 +491,21 @@ def table_key(ins, keys: Mapping[str, int]) -> str | None:
   return None
 
 
+def key_lookup(keys: Mapping[str, int]) -> Callable:
+  """`table_key(ins, keys)` as a function of `ins`, each answer remembered: a key
+  depends only on the instruction's key, mnemonic and text, and blocks repeat few
+  distinct instructions."""
+  memo: dict[tuple[str, str, str], str | None] = {}
+
+  def lookup(ins) -> str | None:
+    what = (ins.key, ins.mnemonic, ins.text)
+    if what not in memo:
+      memo[what] = table_key(ins, keys)
+    return memo[what]
+
+  return lookup
+
+
 def _bucket(n: int, buckets: Sequence[int]) -> int:
   for b in buckets:
     if n <= b:
@@ -501,9 +516,6 @@ def _bucket(n: int, buckets: Sequence[int]) -> int:
 def bucket_length(n: int) -> int:
   """The padded length for a block of n instructions (ValueError past the largest)."""
   return _bucket(n, BUCKETS)
-
-
-_NO_KEY = object()
 
 
 def _scatter(rows: list[tuple], shape: tuple[int, ...], fields: dict, present: str | None = None):
@@ -548,16 +560,7 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
     if not blk.instrs:
       raise ValueError(f"block {b} is empty")
   L = length or bucket_length(max((len(b) for b in blocks), default=1))
-  # Decoded blocks share their Instr objects (one per distinct instruction), so each
-  # instruction's table key is looked up once per call.
-  key_memo: dict[int, str | None] = {}
-
-  def key_of(ins):
-    k = key_memo.get(id(ins), _NO_KEY)
-    if k is _NO_KEY:
-      k = key_memo[id(ins)] = table_key(ins, keys)
-    return k
-
+  key_of = key_lookup(keys)
   all_deps, all_alloc, all_elim = [], [], []
   for blk in blocks:
     if renaming is None:

@@ -22,7 +22,8 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from diffsim.isa.encode import BUCKETS, BlockBatch, encode, renaming_for, table_key
+from diffsim.isa.encode import (BUCKETS, BlockBatch, encode, key_lookup, renaming_for,
+                                table_key)
 from diffsim.isa.ir import Block
 from diffsim.params.table import Layout, Params, Structure, Table
 from diffsim.sim import programs, soft
@@ -226,11 +227,12 @@ class Prediction:
 def cost_estimates(table: Table, blocks: Sequence[Block]) -> np.ndarray:
   """[B] rough cost guesses, used only to order blocks by cost: the larger of a block's
   micro-ops over the dispatch width and half its longest latency, times its length."""
-  if not blocks:
-    return np.zeros(0)
-  idx = table.layout.index
-  keys = np.array([idx[table_key(i, idx)] for b in blocks for i in b.instrs])
-  return _costs(table, np.array([len(b.instrs) for b in blocks]), keys)
+  keys = _key_indices(table, blocks)
+  for b, (block, k) in enumerate(zip(blocks, keys)):
+    if k is None:
+      raise KeyError(f"block {b}: {block_error(table, block)}")
+  return _costs(table, np.array([len(k) for k in keys], int),
+                np.array([i for k in keys for i in k], int))
 
 
 def _costs(table: Table, n: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -248,24 +250,13 @@ def _costs(table: Table, n: np.ndarray, keys: np.ndarray) -> np.ndarray:
 
 def _key_indices(table: Table, blocks: Sequence[Block | Exception]) -> list[list[int] | None]:
   """Each block's table key indices (None: a decode failure, an empty block, or a key
-  the table lacks). Decoded blocks share their instructions' objects, and a key
-  depends only on the instruction's key, mnemonic and text, so each is looked up once."""
+  the table lacks)."""
   idx = table.layout.index
-  memo: dict[tuple[str, str, str], int] = {}
+  lookup = key_lookup(idx)
   out: list[list[int] | None] = []
   for b in blocks:
-    if isinstance(b, Exception) or not b.instrs:
-      out.append(None)
-      continue
-    mine = []
-    for ins in b.instrs:
-      what = (ins.key, ins.mnemonic, ins.text)
-      k = memo.get(what)
-      if k is None:
-        key = table_key(ins, idx)
-        k = memo[what] = -1 if key is None else idx[key]
-      mine.append(k)
-    out.append(mine if min(mine) >= 0 else None)
+    keys = None if isinstance(b, Exception) else [lookup(ins) for ins in b.instrs]
+    out.append([idx[k] for k in keys] if keys and None not in keys else None)
   return out
 
 
@@ -322,14 +313,16 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
 
 def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]], *,
                     iterations: int = 100, throughput: str = "total",
-                    batch_size: int | None = None, progress: bool = False) -> list[Prediction]:
+                    batch_size: int | None = None, progress: bool = False,
+                    total: int | None = None) -> list[Prediction]:
   """`simulate_blocks` of the blocks of `chunks` in order, as they arrive (from a decoder
   that yields them chunk by chunk): a job starts as soon as its bucket holds a full
   job's blocks, so the devices simulate while later chunks are still being produced.
 
   A full job takes its bucket's most expensive waiting blocks, and what is left at the
   end goes out most expensive first too, so that each job's queue ends with short
-  blocks (`cost_estimates`).
+  blocks (`cost_estimates`). `total`: the number of blocks to come, if known, for the
+  progress bar.
   """
   if throughput not in ("total", "steady"):
     raise ValueError(f"throughput must be 'total' or 'steady', not {throughput!r}")
@@ -338,7 +331,7 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
   supported = np.asarray(table.structure.supported)
   waiting: dict[int, list[int]] = {}  # bucket length -> blocks not yet in a job
   cost = np.zeros(0)  # per block, `cost_estimates`
-  bar = _progress(progress)
+  bar = _progress(progress, total)
   previous = None
 
   def run(L: int, ids: list[int], size: int) -> None:
@@ -366,6 +359,7 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
         n.append(len(b_keys))
         keys += b_keys
     runnable = [i for i in range(first, len(blocks)) if out[i] is None]
+    bar.update(len(blocks) - first - len(runnable))  # rows with an error are done
     cost = np.concatenate([cost, np.zeros(len(blocks) - first)])
     cost[runnable] = _costs(table, np.array(n, int), np.array(keys, int))
     for L, ids in sorted(waiting.items()):
@@ -437,11 +431,11 @@ def _encode_or_report(blocks, ids, idx, L, out, renaming=None):
     return good, encode([blocks[i] for i in good], idx, length=L, renaming=renaming)
 
 
-def _progress(enabled: bool):
+def _progress(enabled: bool, total: int | None = None):
   if enabled:
     from tqdm.auto import tqdm
 
-    return tqdm(unit="block", desc="simulate")
+    return tqdm(total=total, unit="block", desc="simulate")
 
   class _Null:
     def update(self, n):

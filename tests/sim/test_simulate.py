@@ -200,7 +200,7 @@ def test_bad_blocks_get_errors_and_spare_the_rest(haswell):
   assert "300 instructions" in out[2].error
 
 
-def test_blocks_in_chunks_give_what_blocks_give(haswell):
+def test_blocks_in_chunks_give_what_blocks_give(haswell, capsys):
   """Jobs started as chunks arrive (here every two blocks of a bucket) predict what one
   call on all blocks predicts, errors in place."""
   texts = ["addl %ecx, %eax", "imull %eax, %eax; addl %eax, %ecx", "movq (%rdi), %rax",
@@ -209,7 +209,8 @@ def test_blocks_in_chunks_give_what_blocks_give(haswell):
   blocks = [parse_asm(t) for t in texts]
   blocks.insert(3, ValueError("bad hex"))
   chunks = [blocks[:3], blocks[3:4], [], blocks[4:]]
-  got = simulate_chunks(haswell, chunks, batch_size=2)
+  got = simulate_chunks(haswell, chunks, batch_size=2, progress=True, total=len(blocks))
+  assert f"{len(blocks)}/{len(blocks)}" in capsys.readouterr().err  # error rows counted too
   assert got == simulate_blocks(haswell, blocks)
   assert got[3].error.startswith("decode") and all(p.cycles for p in got[:3] + got[4:])
 
