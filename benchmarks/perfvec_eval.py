@@ -119,7 +119,7 @@ def zen5(trained, data, exp: Experiment, ks, out: Path, sim_epochs: int) -> list
     row = dict(K=K, perfvec=metrics.mape(pred, y_test),
                perfvec_tau=metrics.kendall_tau(pred, y_test), perfvec_s=time.time() - t)
     cv = trained.predict(p_test, fit_uarch(trained, p_pool[:K], ds.y[pool[:K]], init,
-                                           prior=None))  # the pull chosen by CV
+                                           prior="cv"))  # the pull chosen by CV
     row.update(perfvec_cv=metrics.mape(cv, y_test))
     if sim_epochs:
       t = time.time()
@@ -212,6 +212,9 @@ def main() -> None:
                   help="more training blocks, labelled on --extra-tables tables per base")
   ap.add_argument("--extra-tables", type=int, default=8)
   ap.add_argument("--encoder-steps", type=int, default=2000)
+  ap.add_argument("--encoder-tables", type=int, default=0,
+                  help="more sampled tables per base for the table encoder's refit alone")
+  ap.add_argument("--encoder-blocks", type=int, default=400)
   ap.add_argument("--heldout-app", default="sqlite")
   ap.add_argument("--max-len", type=int, default=32)
   ap.add_argument("--dim", type=int, default=256)
@@ -234,7 +237,8 @@ def main() -> None:
                    heldout_models=tuple(args.heldout_models.split(",")), samples=args.samples,
                    heldout_samples=args.heldout_samples,
                    extra_blocks=args.extra_blocks, extra_tables=args.extra_tables,
-                   encoder_steps=args.encoder_steps,
+                   encoder_steps=args.encoder_steps, encoder_tables=args.encoder_tables,
+                   encoder_blocks=args.encoder_blocks,
                    max_len=args.max_len, blocks=args.blocks, heldout_app=args.heldout_app,
                    dim=args.dim, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
                    patience=args.patience)

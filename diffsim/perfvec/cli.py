@@ -63,6 +63,11 @@ def add_subcommand(subparsers) -> None:
   p.add_argument("--lr", type=float, default=2e-3)
   p.add_argument("--encoder-steps", type=_non_negative_int, default=2000,
                  help="steps of the table encoder's refit on frozen program vectors (2000)")
+  p.add_argument("--encoder-tables", type=_non_negative_int, default=0,
+                 help="more sampled tables per base for the table encoder's refit alone, "
+                      "each labelled on --encoder-blocks training blocks (0)")
+  p.add_argument("--encoder-blocks", type=_positive_int, default=400,
+                 help="training blocks that label the encoder's tables (400)")
   p.add_argument("--seed", type=int, default=0)
   p.set_defaults(func=cmd_train)
 
@@ -106,7 +111,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     extra_blocks=args.extra_blocks, extra_tables=args.extra_tables, max_len=args.max_len,
     blocks=args.blocks, heldout_app=args.heldout_app, dim=args.dim, layers=args.layers,
     epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-    encoder_steps=args.encoder_steps)
+    encoder_steps=args.encoder_steps, encoder_tables=args.encoder_tables,
+    encoder_blocks=args.encoder_blocks)
   if not exp.train_bases:
     raise CliError("--train-tables: name at least one table")
   if args.heldout_app and apps is None:

@@ -127,7 +127,17 @@ def log_predict(program: jax.Array, uarch: jax.Array) -> jax.Array:
   return jnp.where(z < -15.0, z, jnp.log(jax.nn.softplus(jnp.maximum(z, -15.0))))
 
 
+def _log_ratio(log_pred: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
+  return jnp.where(mask, log_pred - jnp.log(jnp.where(mask, y, 1.0)), 0.0)
+
+
 def log_error(log_pred: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
   """Mean squared log ratio over the labelled entries (scale-free, like MAPE)."""
-  err = jnp.where(mask, log_pred - jnp.log(jnp.where(mask, y, 1.0)), 0.0)
-  return jnp.sum(err**2) / jnp.maximum(jnp.sum(mask), 1)
+  return jnp.sum(_log_ratio(log_pred, y, mask) ** 2) / jnp.maximum(jnp.sum(mask), 1)
+
+
+def log_abs_error(log_pred: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean absolute log ratio (smoothed at 0): a miss counts in proportion to its size
+  rather than its square, so the few entries a fit cannot reach do not rule it."""
+  err = jnp.sqrt(_log_ratio(log_pred, y, mask) ** 2 + 1e-4)
+  return jnp.sum(jnp.where(mask, err, 0.0)) / jnp.maximum(jnp.sum(mask), 1)

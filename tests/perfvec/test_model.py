@@ -85,17 +85,21 @@ def test_fit_uarch_chooses_its_pull_towards_the_start_by_cross_validation():
   rng = np.random.default_rng(1)
   dim = 16
   trained = Trained({}, ModelConfig(dim=dim), [], {})
+  # Throughputs of real blocks' size: a constant feature sets the level (about 3 cycles
+  # per iteration), the others move it.
   start = rng.normal(size=dim).astype(np.float32)
   target = start + rng.normal(size=dim).astype(np.float32)
-  programs = rng.normal(size=(300, dim)).astype(np.float32)
+  start[0] = target[0] = 3.0
+  programs = (0.3 * rng.normal(size=(300, dim))).astype(np.float32)
+  programs[:, 0] = 1.0
   y = trained.predict(programs, target)
-  u = fit_uarch(trained, programs[:200], y[:200], start, steps=800, lr=0.05, prior=None)
+  u = fit_uarch(trained, programs[:200], y[:200], start, steps=800, lr=0.05, prior="cv")
   assert np.mean(np.abs(trained.predict(programs[200:], u) - y[200:]) / y[200:]) < 0.05
 
   noise = np.exp(rng.normal(size=6)).astype(np.float32) * 100.0
-  cv = fit_uarch(trained, programs[:6], noise, start, steps=800, lr=0.05, prior=None)
+  cv = fit_uarch(trained, programs[:6], noise, start, steps=800, lr=0.05, prior="cv")
   weak = fit_uarch(trained, programs[:6], noise, start, steps=800, lr=0.05, prior=1e-4)
-  assert np.linalg.norm(cv - start) < 0.5 * np.linalg.norm(weak - start)
+  assert np.linalg.norm(cv - start) < 0.75 * np.linalg.norm(weak - start)
 
 
 def test_keyed_sum_is_the_sum_of_projected_opcodes():

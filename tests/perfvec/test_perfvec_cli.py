@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("llvm14")
 TRAIN = ["--shipped", "mca-small", "--limit", "150", "--train-tables", "haswell",
          "--heldout-models", "", "--samples", "2", "--heldout-samples", "1", "--extra-blocks",
          "10", "--extra-tables", "2", "--blocks", "40", "--max-len", "8", "--dim", "16",
-         "--epochs", "2", "--batch-size", "16"]
+         "--epochs", "2", "--batch-size", "16", "--encoder-tables", "2", "--encoder-blocks", "12"]
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +42,14 @@ def test_train_writes_model_report_and_labels(model_dir):
   assert 0 < n == len(set(meta["probes"])) <= 40
   assert f"held-out sampled tables x unseen blocks, adapted on {n} probes" in whats
   assert all(0 <= r["mape"] < 10 and r["n"] > 0 for r in report)
-  # One sweep of every table over the drawn blocks, one of two training tables over the
-  # extra blocks.
+  # One sweep of every table but the encoder's over the drawn blocks, one of two training
+  # tables over the extra blocks, one of the encoder's two tables over 12 training blocks;
+  # those two are the refit's alone (neither trained on nor scored).
   ys = sorted((np.load(p) for p in (model_dir / "labels").glob("labels-*.npy")),
-              key=lambda y: y.shape[0])
-  assert [y.shape for y in ys] == [(2, 10), (4, ys[1].shape[1])] and ys[1].shape[1] >= 30
+              key=lambda y: y.shape)
+  assert [y.shape for y in ys] == [(2, 10), (2, 12), (4, ys[2].shape[1])]
+  assert ys[2].shape[1] >= 30
+  assert "haswell~0.3" not in meta["train_uarchs"]
   assert all(np.isfinite(y).all() and (y > 0).all() for y in ys)
   assert len(json.loads((model_dir / "history.json").read_text())) == 2
 
