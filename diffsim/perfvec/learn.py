@@ -301,8 +301,7 @@ def train(data: Data, exp: Experiment, out_dir: Path, *, progress: bool = True,
       break
   checkpoints.close()
   return refit_encoder(state["best"], cfg, data, exp.encoder_steps, seed=exp.seed,
-                       progress=progress,
-                       log=log), cfg
+                       progress=progress, log=log), cfg
 
 
 def refit_encoder(variables, cfg: ModelConfig, data: Data, steps: int, *, lr: float = 3e-3,

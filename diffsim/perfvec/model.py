@@ -127,6 +127,11 @@ def log_predict(program: jax.Array, uarch: jax.Array) -> jax.Array:
   return jnp.where(z < -15.0, z, jnp.log(jax.nn.softplus(jnp.maximum(z, -15.0))))
 
 
+def smooth_abs(x: jax.Array) -> jax.Array:
+  """|x|, rounded off within about 0.01 of 0 so that its gradient is defined there."""
+  return jnp.sqrt(x**2 + 1e-4)
+
+
 def _log_ratio(log_pred: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(mask, log_pred - jnp.log(jnp.where(mask, y, 1.0)), 0.0)
 
@@ -139,5 +144,5 @@ def log_error(log_pred: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
 def log_abs_error(log_pred: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
   """Mean absolute log ratio (smoothed at 0): a miss counts in proportion to its size
   rather than its square, so the few entries a fit cannot reach do not rule it."""
-  err = jnp.sqrt(_log_ratio(log_pred, y, mask) ** 2 + 1e-4)
+  err = smooth_abs(_log_ratio(log_pred, y, mask))
   return jnp.sum(jnp.where(mask, err, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
