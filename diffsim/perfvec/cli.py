@@ -23,7 +23,7 @@ from pathlib import Path
 from diffsim.cli import (CliError, _add_input, _decode, _enable_compile_cache, _non_negative_int,
                          _positive_int, _read_rows, _report_failures, _say, _write_predictions)
 
-PROBES = 256  # diffsim.perfvec.reuse.PROBES, without importing jax for --help
+PROBES = 1024  # diffsim.perfvec.reuse.PROBES, without importing jax for --help
 
 
 def add_subcommand(subparsers) -> None:

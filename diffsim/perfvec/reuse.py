@@ -27,7 +27,7 @@ from diffsim.perfvec.learn import (Data, Experiment, _init, _program_vectors, _u
                                    descend)
 from diffsim.perfvec.uarch import uarch_features
 
-PROBES = 256  # probe blocks simulated to adapt a uarch vector to a new table
+PROBES = 1024  # probe blocks simulated to adapt a uarch vector to a new table
 _KEPT_PROBES = 1024  # probe blocks a saved model keeps
 
 
@@ -61,9 +61,9 @@ class Trained:
     of `probes` of the model's probe blocks on it, starting from (and pulled towards)
     the encoder's vector: the program encoder stays frozen, as with measured blocks.
 
-    The table encoder alone generalises only so far from the tables it saw (run H of
-    benchmarks/RESULTS.md: 16% MAPE on held-out sampled tables); 256 simulated blocks,
-    a few seconds of simulation, bring it to 9.8%. A training uarch keeps its
+    The table encoder alone generalises only so far from the tables it saw (run I of
+    benchmarks/RESULTS.md: 13.1% MAPE on held-out sampled tables); 1,024 simulated
+    blocks, a few seconds of simulation, bring it to 8.8%. A training uarch keeps its
     own vector. `log`, when given, hears how many probes the fit used and how long it took.
     """
     from diffsim.isa import decode_blocks
