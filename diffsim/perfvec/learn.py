@@ -308,7 +308,7 @@ def refit_encoder(variables, cfg: ModelConfig, data: Data, steps: int, *, lr: fl
                   weight_decay: float = 0.1, tables_per_step: int = 256, chunk: int = 100,
                   seed: int = 0, progress: bool = True, log=print):
   """The table encoder alone, fitted afresh on the (table, block) labels of the training
-  and encoder tables with the program vectors frozen (Adam).
+  and encoder tables with the program vectors frozen (AdamW).
 
   In joint training the free table vectors absorb what the program encoder learns, and
   the encoder trails them far (run F of benchmarks/RESULTS.md: 29.5% MAPE against 7.8% on
@@ -353,7 +353,7 @@ def refit_encoder(variables, cfg: ModelConfig, data: Data, steps: int, *, lr: fl
     bar.set_postfix(loss=f"{float(loss[-1]):.4f}")
   bar.close()
   losses = np.concatenate(losses)
-  log(f"table encoder refitted on " + " and ".join(
+  log("table encoder refitted on " + " and ".join(
         f"{g[3].shape[0]} uarchs x {g[0].shape[0]} blocks" for g in groups)
       + f", program vectors frozen: loss {losses[0]:.4f} -> {losses[-1]:.4f} in {steps} "
       f"steps ({time.time() - t0:.0f} s)")
