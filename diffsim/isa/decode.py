@@ -89,6 +89,7 @@ from typing import NamedTuple
 import iced_x86 as ix
 
 from diffsim.isa import idioms
+from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import FLAGS, FPCW, FPSW, Block, DecodeError, Instr, Mem, Read, Write
 
 __all__ = [
@@ -830,6 +831,7 @@ def _split(h: str) -> tuple[str, list[bytes]] | DecodeError:
   return s, parts
 
 
+@collector_paused()
 def decode_blocks(hexes: Sequence[str], *, progress: bool = False) -> list[Result]:
   """Decodes many blocks; never raises for a bad block.
 

@@ -32,6 +32,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from diffsim.isa import idioms
+from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import FLAGS, Block
 from diffsim.params.table import READ_CLASSES, WRITE_ROLES
 
@@ -535,6 +536,7 @@ def _scatter(rows: list[tuple], shape: tuple[int, ...], fields: dict, present: s
   return out
 
 
+@collector_paused()
 def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | None = None,
            max_deps: int | None = None, max_uses: int | None = None,
            renaming: Renaming | None = None) -> BlockBatch:

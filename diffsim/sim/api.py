@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from diffsim.isa.encode import (BUCKETS, BlockBatch, encode, key_lookup, renaming_for,
                                 table_key)
+from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import Block
 from diffsim.params.table import Layout, Params, Structure, Table
 from diffsim.sim import programs, soft
@@ -248,6 +249,7 @@ def _costs(table: Table, n: np.ndarray, keys: np.ndarray) -> np.ndarray:
   return np.maximum(per_iteration, 0.25) * n
 
 
+@collector_paused()
 def _key_indices(table: Table, blocks: Sequence[Block | Exception]) -> list[list[int] | None]:
   """Each block's table key indices (None: a decode failure, an empty block, or a key
   the table lacks)."""
@@ -395,6 +397,7 @@ def _start_job(table: Table, blocks, ids, L: int, out, iterations: int, throughp
   return ids, _launch(table, batch, np.concatenate([its, np.zeros(size - len(its), int)]))
 
 
+@collector_paused()
 def _collect(started, out, iterations: int, throughput: str, bar=None) -> None:
   """Waits for a launched job and writes its rows (and counts them on `bar`)."""
   if started is None:
