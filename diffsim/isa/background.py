@@ -35,6 +35,9 @@ def decode_in_background(hexes: Sequence[str], chunk: int) -> Iterator[Iterator[
 
   The iterator raises what `decode_blocks` raised (RuntimeError: llvm-mc missing or
   broken), or RuntimeError when the child dies. Leaving the block ends the child.
+  Each chunk, and whatever else this process holds then, is frozen out of the cyclic
+  collector's reach as it arrives (`gc.freeze`): made for a consumer that keeps every
+  chunk to its end, as `diffsim simulate` does.
   """
   parts = [list(hexes[s:s + chunk]) for s in range(0, len(hexes), chunk)]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
