@@ -9,8 +9,11 @@ whole periods, shifting every absolute cycle and index, and simulate only the re
 the pipeline's drain at the end is simulated for real, so Total Cycles stays exact.
 
 States are compared by two independent 32-bit hashes of the relative state, taken
-at the end of each cycle in which dispatch crossed an iteration boundary; the last
-`SLOTS` such fingerprints are kept. Blocks that never settle simply run to the end.
+at the end of each cycle in which dispatch crossed an iteration boundary. The last
+`SLOTS` such fingerprints are kept, and one more, an anchor, is set at the SLOTS-th
+fingerprint and again each time the count doubles (Brent's cycle finding): a period
+of any length is found by the time the count is twice the larger of it and the
+transient before it. Blocks that never settle simply run to the end.
 The hash leaves out what cannot change the future, so that a repeat shows as soon as
 the machine repeats: the issue cycles of instructions long executed (they only wait
 to retire, and those dispatched while the ROB was filling were issued at other
@@ -29,25 +32,25 @@ from jax import lax
 from diffsim.sim.facts import BIG
 from diffsim.sim.state import State
 
-SLOTS = 16  # fingerprints remembered: periods up to 16 boundary crossings
+SLOTS = 16  # recent fingerprints remembered, besides the anchor
 LONG_AGO = -(1 << 20)  # hashed for every issue cycle beyond its instruction's horizon
 FIELDS = 4  # per-slot fields hashed
 
 
 @struct.dataclass
 class Memory:
-  """Fingerprints of recent iteration boundaries."""
+  """Fingerprints of recent iteration boundaries (slot SLOTS: the anchor)."""
 
-  hash: jax.Array  # [SLOTS, 2] uint32
-  t: jax.Array  # [SLOTS] int32: cycle of each fingerprint
-  next: jax.Array  # [SLOTS] int32: next-to-dispatch index at each fingerprint
+  hash: jax.Array  # [SLOTS + 1, 2] uint32
+  t: jax.Array  # [SLOTS + 1] int32: cycle of each fingerprint
+  next: jax.Array  # [SLOTS + 1] int32: next-to-dispatch index at each fingerprint
   count: jax.Array  # [] int32: fingerprints taken
   jumped: jax.Array  # [] bool: fast-forward already done
 
 
 def init_memory() -> Memory:
-  return Memory(hash=jnp.zeros((SLOTS, 2), jnp.uint32), t=jnp.zeros(SLOTS, jnp.int32),
-                next=jnp.full(SLOTS, -1, jnp.int32), count=jnp.zeros((), jnp.int32),
+  return Memory(hash=jnp.zeros((SLOTS + 1, 2), jnp.uint32), t=jnp.zeros(SLOTS + 1, jnp.int32),
+                next=jnp.full(SLOTS + 1, -1, jnp.int32), count=jnp.zeros((), jnp.int32),
                 jumped=jnp.zeros((), bool))
 
 
@@ -153,14 +156,16 @@ def observe(state: State, memory: Memory, look, n, horizon, rr_groups):
   dt = state.t - memory.t[j]
   di = state.next - memory.next[j]
   periods = jnp.where(hit & (di > 0), (state.total - state.next) // jnp.maximum(di, 1), 0)
-  slot = jnp.mod(memory.count, SLOTS)
   record = look & ~hit
+  c = memory.count
+  anchor = (c >= SLOTS) & ((c & (c - 1)) == 0)  # SLOTS, then each doubling
+  into = (jnp.arange(SLOTS + 1) == jnp.mod(c, SLOTS)) | ((jnp.arange(SLOTS + 1) == SLOTS)
+                                                         & anchor)
+  into &= record
   memory = Memory(
-      hash=memory.hash.at[slot].set(jnp.where(record, h, memory.hash[slot])),
-      t=memory.t.at[slot].set(jnp.where(record, state.t, memory.t[slot])),
-      next=memory.next.at[slot].set(jnp.where(record, state.next, memory.next[slot])),
-      count=memory.count + record.astype(jnp.int32),
-      jumped=memory.jumped | hit)
+      hash=jnp.where(into[:, None], h[None, :], memory.hash),
+      t=jnp.where(into, state.t, memory.t), next=jnp.where(into, state.next, memory.next),
+      count=c + record.astype(jnp.int32), jumped=memory.jumped | hit)
   return memory, (periods.astype(jnp.int32), dt, di)
 
 

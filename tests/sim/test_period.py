@@ -21,6 +21,7 @@ from diffsim.sim.state import init
 # and waiting to retire behind its divides.
 SHORT = "4883ec08488b7f10"
 DIV = "4863410831d2488b3148f7f3498d04d64c8b184d85db"
+LONG_PERIOD = "488b8424e00000004883787000"  # movq 224(%rsp), %rax; cmpq $0, 112(%rax)
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +94,17 @@ def test_fingerprint_leaves_out_only_what_cannot_matter(haswell):
   other = lambda g_: state.replace(seq=state.seq.at[g_].set(state.seq[g_] ^ 1))  # noqa: E731
   np.testing.assert_array_equal(fp(state), fp(other(int(np.argmin(rr)))))
   assert np.any(fp(state) != fp(other(int(np.argmax(rr)))))
+
+
+def test_period_longer_than_the_recent_fingerprints_is_found_through_the_anchor(haswell):
+  # Two loads a cycle on two load ports: the machine repeats only every 20 iteration
+  # boundaries (the round-robin of the load ports against the retire pattern), more
+  # than the `SLOTS` recent fingerprints reach back.
+  block, batch, facts = _setup(haswell, LONG_PERIOD)
+  state, memory = _until_jump(haswell, facts, 100)
+  assert bool(memory.jumped)
+  assert int(memory.count) > period.SLOTS  # found beyond the ring, so by the anchor
+  assert int(state.next) > 80 * int(facts.n)
+  fast, _ = simulate(haswell, batch, 100)
+  slow, _ = simulate(haswell, batch, 100, fast_forward=False)
+  assert fast[0] == slow[0] == run_mca([block.text], "haswell")[0].cycles
