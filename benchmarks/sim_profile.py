@@ -156,7 +156,7 @@ def report():
   jax.profiler.stop_trace()
 
   total, runs = kernel_times(f"{WORK}/trace")
-  hlo = max(glob.glob(f"{WORK}/hlo/*jit__simulate.cpu_after_optimizations.txt"),
+  hlo = max(glob.glob(f"{WORK}/hlo/*.cpu_after_optimizations.txt"),
             key=os.path.getsize)
   sources = source_of_kernels(hlo)
   by_file, by_line, by_runs = (collections.Counter() for _ in range(3))
