@@ -133,11 +133,24 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
                          max_cycles=max_cycles, slots=slots, window=window))
 
 
-def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool = True,
-            max_cycles: int = DEFAULT_MAX_CYCLES, slots: int | None = None,
-            window: int | None = None):
+def _launch(table: Table, batch: BlockBatch, iterations, **options):
   """Starts `simulate` and returns at once: JAX runs the program asynchronously, so the
   host can prepare the next batch meanwhile. `_finish` waits for the result."""
+  return _run(_program(table, batch, iterations, **options))
+
+
+def _run(program):
+  """Launches a `_program`: (cycles, overflow, rows) as `_finish` takes them."""
+  args, static, rows = program
+  cycles, overflow = programs.call(_simulate, args, static)
+  return cycles, overflow, rows
+
+
+def _program(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool = True,
+             max_cycles: int = DEFAULT_MAX_CYCLES, slots: int | None = None,
+             window: int | None = None):
+  """`simulate`'s program call, not yet made: (arguments, static arguments, the order
+  that puts its output rows back in the batch's)."""
   rob = rob_entries(table.params.rob_size)
   if window is None:
     window = window_for(rob)
@@ -156,11 +169,9 @@ def _launch(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
   # On the host, so that a table left on one device (a fit's output) is not refused by
   # the program sharded over all of them.
   params = jax.tree.map(np.asarray, table.params)
-  cycles, overflow = programs.call(
-      _simulate, (params, table.structure, batch_p, its_p),
-      dict(layout=table.layout, window=window, max_cycles=max_cycles,
-           fast_forward=fast_forward, slots=slots))
-  return cycles, overflow, np.argsort(deal)[:B]
+  return ((params, table.structure, batch_p, its_p),
+          dict(layout=table.layout, window=window, max_cycles=max_cycles,
+               fast_forward=fast_forward, slots=slots), np.argsort(deal)[:B])
 
 
 def _deal(n: int, n_dev: int) -> np.ndarray:
@@ -334,19 +345,29 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
   waiting: dict[int, list[int]] = {}  # bucket length -> blocks not yet in a job
   cost = np.zeros(0)  # per block, `cost_estimates`
   bar = _progress(progress, total)
-  previous = None
+  previous = None  # the job on the devices, collected when the next one launches
 
-  def run(L: int, ids: list[int], size: int) -> None:
-    """Launches the `size` most expensive of `ids` (removed from it) as one job, then
-    collects the job before it: the host encodes the next job while the devices
-    simulate."""
-    nonlocal previous
+  def take(L: int, ids: list[int], size: int) -> tuple[int, list[int]]:
+    """A job of the `size` most expensive of `ids` (removed from it)."""
     order = np.argsort(-cost[ids], kind="stable")
     job = [ids[k] for k in order[:size]]
     ids[:] = [ids[k] for k in order[size:]]
-    started = _start_job(table, blocks, job, L, out, iterations, throughput)
-    _collect(previous, out, iterations, throughput, bar)
-    previous = started
+    return L, job
+
+  def run(jobs: list[tuple[int, list[int]]]) -> None:
+    """Runs jobs that are ready now, in order. Each launch collects the job before it,
+    and each job is encoded, and its program's loading started, one job ahead of its
+    launch: the host prepares while the devices simulate."""
+    nonlocal previous
+    prepare = lambda job: _prepare_job(table, blocks, *job, out, iterations, throughput)  # noqa: E731
+    ahead = prepare(jobs[0]) if jobs else None
+    for k in range(len(jobs)):
+      current, ahead = ahead, prepare(jobs[k + 1]) if k + 1 < len(jobs) else None
+      if current is not None:
+        ids, program = current
+        started = ids, _run(program)
+        _collect(previous, out, iterations, throughput, bar)
+        previous = started
 
   for chunk in chunks:
     first = len(blocks)
@@ -364,22 +385,27 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
     bar.update(len(blocks) - first - len(runnable))  # rows with an error are done
     cost = np.concatenate([cost, np.zeros(len(blocks) - first)])
     cost[runnable] = _costs(table, np.array(n, int), np.array(keys, int))
+    full = []
     for L, ids in sorted(waiting.items()):
       size = batch_size or job_size(L)
       while len(ids) >= size:
-        run(L, ids, size)
+        full.append(take(L, ids, size))
+    run(full)
+  rest = []
   for L, ids in sorted(waiting.items()):
     size = batch_size or job_size(L)
     while ids:
-      run(L, ids, size)
+      rest.append(take(L, ids, size))
+  run(rest)
   _collect(previous, out, iterations, throughput, bar)
   bar.close()
   return out  # type: ignore[return-value]
 
 
-def _start_job(table: Table, blocks, ids, L: int, out, iterations: int, throughput: str):
-  """Encodes one job's blocks and launches its simulation: (ids, launched), or None when
-  none of them could be encoded (their error rows are written)."""
+def _prepare_job(table: Table, blocks, L: int, ids, out, iterations: int, throughput: str):
+  """Encodes one job's blocks and starts loading its program (`programs.prefetch`):
+  (ids, `_program`), or None when none of them could be encoded (their error rows are
+  written)."""
   ids, batch = _encode_or_report(blocks, ids, table.layout.index, L, out, renaming_for(table))
   if not ids:
     return None
@@ -394,7 +420,9 @@ def _start_job(table: Table, blocks, ids, L: int, out, iterations: int, throughp
   size = max(8, 1 << (len(its) - 1).bit_length())
   batch = jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[:1], size - len(its), 0)]),
                        batch)
-  return ids, _launch(table, batch, np.concatenate([its, np.zeros(size - len(its), int)]))
+  program = _program(table, batch, np.concatenate([its, np.zeros(size - len(its), int)]))
+  programs.prefetch(_simulate, *program[:2])
+  return ids, program
 
 
 @collector_paused()

@@ -17,6 +17,7 @@ program is never reused where it would compute something else, or could not run.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import hashlib
@@ -39,7 +40,9 @@ from jax.experimental import serialize_executable
 COMPILER_OPTIONS = {"xla_disable_hlo_passes": "tree_reduction_rewriter"}
 
 _dir: Path | None = None
-_loaded: dict[tuple[str, Path | None], Callable] = {}
+# Programs by (key, directory); a prefetched one is a Future until `call` needs it.
+_loaded: dict[tuple[str, Path | None], Callable | concurrent.futures.Future] = {}
+_loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="diffsim-programs")
 
 
 def keep_programs(path: str | Path | None) -> None:
@@ -52,16 +55,37 @@ def call(fn, args: tuple, static: dict):
   """`fn(*args, **static)` for a jitted `fn`, compiled with `COMPILER_OPTIONS`, through a
   kept program when a directory is set. `args` may be pytrees of arrays; `static` are
   `fn`'s static arguments."""
-  leaves, tree = jax.tree.flatten(args)
-  # On the host: an array committed to one device would not fit the program's shardings.
-  leaves = [np.asarray(x) for x in leaves]
-  key = _key(fn, tree, leaves, static)
+  key, tree, leaves = _keyed(fn, args, static)
   run = _loaded.get((key, _dir))
+  if isinstance(run, concurrent.futures.Future):
+    run = _loaded[key, _dir] = run.result()
   if run is None:
     run = _loaded[key, _dir] = (
         _compile(fn, tree, leaves, static) if _dir is None
         else _load_or_compile(fn, tree, leaves, static, _dir / f"{key}.xla"))
   return run(*leaves)
+
+
+def prefetch(fn, args: tuple, static: dict) -> None:
+  """Starts loading the kept program that `call(fn, args, static)` will run, on a
+  background thread, so that the call finds it ready: XLA rebuilds a program for
+  about half a second, mostly outside the interpreter's lock. Does nothing unless
+  the program is kept on disk already (a compilation traces Python, so it stays on
+  the caller's thread) or loaded."""
+  if _dir is None:
+    return
+  key = _keyed(fn, args, static)[0]
+  path = _dir / f"{key}.xla"
+  if (key, _dir) not in _loaded and path.exists():
+    _loaded[key, _dir] = _loader.submit(_load, path)
+
+
+def _keyed(fn, args: tuple, static: dict):
+  """(key, tree, leaves) of a call, its leaves on the host: an array committed to one
+  device would not fit the program's shardings."""
+  leaves, tree = jax.tree.flatten(args)
+  leaves = [np.asarray(x) for x in leaves]
+  return _key(fn, tree, leaves, static), tree, leaves
 
 
 def _compile(fn, tree, leaves, static):
@@ -71,12 +95,18 @@ def _compile(fn, tree, leaves, static):
   return flat.lower(*leaves).compile(compiler_options=COMPILER_OPTIONS)
 
 
+def _load(path: Path):
+  """The kept program in `path`, or None where it is missing, damaged or stale."""
+  try:
+    return serialize_executable.deserialize_and_load(*pickle.loads(path.read_bytes()))
+  except Exception:  # noqa: BLE001 - compiled again by the caller
+    return None
+
+
 def _load_or_compile(fn, tree, leaves, static, path: Path):
-  if path.exists():
-    try:
-      return serialize_executable.deserialize_and_load(*pickle.loads(path.read_bytes()))
-    except Exception:  # noqa: BLE001 - a damaged or stale file is compiled again
-      pass
+  loaded = _load(path) if path.exists() else None
+  if loaded is not None:
+    return loaded
   compiled, fresh = _compile_fresh(fn, tree, leaves, static)
   if fresh:
     try:

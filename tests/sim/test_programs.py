@@ -9,7 +9,7 @@ from diffsim.isa import parse_asm
 from diffsim.isa.encode import encode
 from diffsim.params.table import load_table
 from diffsim.sim import programs, simulate
-from diffsim.sim.api import _simulate
+from diffsim.sim.api import _program, _simulate
 
 BLOCKS = ["addl %ecx, %eax; imull %eax, %eax", "movq (%rdi), %rax; addq %rax, %rbx",
           "vaddps %ymm0, %ymm1, %ymm2; vmulps %ymm2, %ymm2, %ymm3"]
@@ -57,6 +57,27 @@ def test_a_kept_program_is_loaded_and_gives_the_same_cycles(kept, monkeypatch):
   programs._loaded.clear()
   np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
   assert files[0].read_bytes() != b"not a program"
+
+
+def test_a_prefetched_program_is_loaded_in_the_background_and_then_run(kept, monkeypatch):
+  table = load_table("haswell")
+  batch = encode([parse_asm(b) for b in BLOCKS], table.layout.index, length=8)
+  its = np.array([20, 50, 100])
+  args, static, _ = _program(table, batch, its)
+  programs.prefetch(_simulate, args, static)
+  assert not programs._loaded  # not kept yet: compiling stays with the caller
+  cycles = simulate(table, batch, its)[0]
+
+  programs._loaded.clear()  # a new process
+  programs.prefetch(_simulate, args, static)
+  (pending,) = programs._loaded.values()
+  assert pending.result() is not None  # loaded on the loader's thread
+
+  def not_here(*args, **kw):
+    raise AssertionError("loaded again instead of taking the prefetched program")
+
+  monkeypatch.setattr(programs, "_load_or_compile", not_here)
+  np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
 
 
 def test_a_program_from_the_persistent_cache_is_run_but_not_kept(kept):
