@@ -359,10 +359,14 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
     and each job is encoded, and its program's loading started, one job ahead of its
     launch: the host prepares while the devices simulate."""
     nonlocal previous
-    prepare = lambda job: _prepare_job(table, blocks, *job, out, iterations, throughput)  # noqa: E731
-    ahead = prepare(jobs[0]) if jobs else None
+
+    def prepare(k: int):
+      return (_prepare_job(table, blocks, *jobs[k], out, iterations, throughput)
+              if k < len(jobs) else None)
+
+    ahead = prepare(0)
     for k in range(len(jobs)):
-      current, ahead = ahead, prepare(jobs[k + 1]) if k + 1 < len(jobs) else None
+      current, ahead = ahead, prepare(k + 1)
       if current is not None:
         ids, program = current
         started = ids, _run(program)
