@@ -129,18 +129,14 @@ def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100
   Returns:
     (cycles [B] int32, overflow [B] bool) as numpy arrays.
   """
-  return _finish(_launch(table, batch, iterations, fast_forward=fast_forward,
-                         max_cycles=max_cycles, slots=slots, window=window))
-
-
-def _launch(table: Table, batch: BlockBatch, iterations, **options):
-  """Starts `simulate` and returns at once: JAX runs the program asynchronously, so the
-  host can prepare the next batch meanwhile. `_finish` waits for the result."""
-  return _run(_program(table, batch, iterations, **options))
+  return _finish(_run(_program(table, batch, iterations, fast_forward=fast_forward,
+                                max_cycles=max_cycles, slots=slots, window=window)))
 
 
 def _run(program):
-  """Launches a `_program`: (cycles, overflow, rows) as `_finish` takes them."""
+  """Launches a `_program` and returns at once: JAX runs it asynchronously, so the host
+  can prepare the next batch meanwhile. `_finish` waits for the result: (cycles,
+  overflow, rows) as it takes them."""
   args, static, rows = program
   cycles, overflow = programs.call(_simulate, args, static)
   return cycles, overflow, rows

@@ -159,9 +159,8 @@ def observe(state: State, memory: Memory, look, n, horizon, rr_groups):
   record = look & ~hit
   c = memory.count
   anchor = (c >= SLOTS) & ((c & (c - 1)) == 0)  # SLOTS, then each doubling
-  into = (jnp.arange(SLOTS + 1) == jnp.mod(c, SLOTS)) | ((jnp.arange(SLOTS + 1) == SLOTS)
-                                                         & anchor)
-  into &= record
+  slot = jnp.arange(SLOTS + 1)
+  into = record & ((slot == jnp.mod(c, SLOTS)) | ((slot == SLOTS) & anchor))
   memory = Memory(
       hash=jnp.where(into[:, None], h[None, :], memory.hash),
       t=jnp.where(into, state.t, memory.t), next=jnp.where(into, state.next, memory.next),

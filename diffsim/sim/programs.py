@@ -104,7 +104,7 @@ def _load(path: Path):
 
 
 def _load_or_compile(fn, tree, leaves, static, path: Path):
-  loaded = _load(path) if path.exists() else None
+  loaded = _load(path)
   if loaded is not None:
     return loaded
   compiled, fresh = _compile_fresh(fn, tree, leaves, static)
