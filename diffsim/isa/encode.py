@@ -536,6 +536,64 @@ def _scatter(rows: list[tuple], shape: tuple[int, ...], fields: dict, present: s
   return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Encoding:
+  """One block as the simulator sees it, before padding: `encode_block`'s rows.
+
+  Hashable and comparable: two blocks with equal encodings get equal cycles from any
+  table with the same keys, so a batch need simulate each encoding once (BHive's
+  blocks often differ only in registers, immediates or displacements).
+  """
+
+  instrs: tuple  # (c, key index, loads, stores, eliminated) per instruction
+  writes: tuple  # (c, j, register kind, physical registers, allocates)
+  deps: tuple  # (c, d, producer, distance, role, class, waw, first, last)
+  max_deps: int  # the most deps of one instruction (D must be at least this)
+  max_uses: int  # the most consumers of one producer (C must be at least this)
+
+  @property
+  def length(self) -> int:
+    return len(self.instrs)
+
+
+def encode_block(block: Block, keys: Mapping[str, int], renaming: Renaming | None = None,
+                 key_of: Callable | None = None) -> Encoding:
+  """`block`'s Encoding (`keys` and `renaming` as in `encode`; `key_of`: a
+  `key_lookup(keys)` shared between calls).
+
+  Raises:
+    KeyError: an opcode key is not in `keys` (the message names the instruction).
+    ValueError: the block is empty.
+  """
+  if not block.instrs:
+    raise ValueError("the block is empty")
+  key_of = key_of or key_lookup(keys)
+  if renaming is None:
+    deps = [[(*e, -1, 0, ALWAYS) for e in ds] for ds in dependencies(block)]
+    alloc = [[True] * len(ins.writes) for ins in block.instrs]
+    elim = [False] * len(block.instrs)
+  else:
+    movable = [key_of(ins) in renaming.move_elim for ins in block.instrs]
+    history, alloc, elim = _rename_history(block, renaming, movable)
+    deps = _ranged_edges(history)
+  from diffsim.params.table import REG_KINDS
+
+  instrs, writes, edges = [], [], []
+  for c, ins in enumerate(block.instrs):
+    key = key_of(ins)
+    if key is None:
+      raise KeyError(f"instruction {c} `{ins.text}` has opcode key {ins.key!r}, which the "
+                     "parameter table does not know")
+    instrs.append((c, keys[key], ins.loads, ins.stores, elim[c]))
+    for j, w in enumerate(ins.writes[:MAX_WRITES]):
+      writes.append((c, j, REG_KINDS.index(reg_kind(w.reg)),
+                     renaming.cost(w) if renaming else 1, alloc[c][j]))
+    edges += [(c, d, *edge) for d, edge in enumerate(deps[c])]
+  uses = collections.Counter(e[2] for e in edges)
+  return Encoding(tuple(instrs), tuple(writes), tuple(edges),
+                  max((len(ds) for ds in deps), default=0), max(uses.values(), default=0))
+
+
 @collector_paused()
 def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | None = None,
            max_deps: int | None = None, max_uses: int | None = None,
@@ -557,66 +615,51 @@ def encode(blocks: Sequence[Block], keys: Mapping[str, int], *, length: int | No
     KeyError: an opcode key is not in `keys` (the message names block and key).
     ValueError: a block is empty or longer than L.
   """
-  B = len(blocks)
-  for b, blk in enumerate(blocks):
-    if not blk.instrs:
-      raise ValueError(f"block {b} is empty")
-  L = length or bucket_length(max((len(b) for b in blocks), default=1))
   key_of = key_lookup(keys)
-  all_deps, all_alloc, all_elim = [], [], []
-  for blk in blocks:
-    if renaming is None:
-      deps = [[(*e, -1, 0, ALWAYS) for e in ds] for ds in dependencies(blk)]
-      alloc = [[True] * len(ins.writes) for ins in blk.instrs]
-      elim = [False] * len(blk.instrs)
-    else:
-      movable = [key_of(ins) in renaming.move_elim for ins in blk.instrs]
-      history, alloc, elim = _rename_history(blk, renaming, movable)
-      deps = _ranged_edges(history)
-    all_deps.append(deps)
-    all_alloc.append(alloc)
-    all_elim.append(elim)
-  uses_count = []
-  for deps in all_deps:
-    cnt = collections.Counter(e[0] for ds in deps for e in ds)
-    uses_count.append(max(cnt.values(), default=0))
-  # Few distinct shapes keep compilations few: D at least 8, C at least min(L, 32).
-  D = max_deps or max(8, _bucket(max((len(d) for ds in all_deps for d in ds), default=1),
-                                 DEP_BUCKETS + (128, 256)))
-  C = max_uses or max(min(L, 32), _bucket(max(uses_count, default=1), DEP_BUCKETS + (128, 256)))
-  from diffsim.params.table import REG_KINDS
+  encodings = []
+  for b, blk in enumerate(blocks):
+    try:
+      encodings.append(encode_block(blk, keys, renaming, key_of))
+    except KeyError as e:
+      raise KeyError(f"block {b}: {e.args[0]}") from None
+    except ValueError as e:
+      raise ValueError(f"block {b}: {e}") from None
+  return assemble(encodings, length=length, max_deps=max_deps, max_uses=max_uses)
 
+
+@collector_paused()
+def assemble(encodings: Sequence[Encoding], *, length: int | None = None,
+             max_deps: int | None = None, max_uses: int | None = None) -> BlockBatch:
+  """Pads encodings into one batch (`length`, `max_deps`, `max_uses` as in `encode`).
+
+  Raises:
+    ValueError: a block is longer than L, or has more deps or consumers than D or C.
+  """
+  B = len(encodings)
+  L = length or bucket_length(max((e.length for e in encodings), default=1))
+  # Few distinct shapes keep compilations few: D at least 8, C at least min(L, 32).
+  D = max_deps or max(8, _bucket(max((e.max_deps for e in encodings), default=1),
+                                 DEP_BUCKETS + (128, 256)))
+  C = max_uses or max(min(L, 32), _bucket(max((e.max_uses for e in encodings), default=1),
+                                          DEP_BUCKETS + (128, 256)))
   # Rows of (indices..., values...) gathered in Python, written into the arrays at once.
   instr_rows, write_rows, dep_rows, use_rows = [], [], [], []
-  write_memo: dict[tuple, tuple[int, int]] = {}
-  for b, (blk, deps, alloc, elim) in enumerate(zip(blocks, all_deps, all_alloc, all_elim)):
-    n = len(blk.instrs)
-    if n > L:
-      raise ValueError(f"block {b} has {n} instructions, more than the padded length {L}")
-    nuse = [0] * n
-    for c, ins in enumerate(blk.instrs):
-      key = key_of(ins)
-      if key is None:
-        raise KeyError(f"block {b}: instruction {c} `{ins.text}` has opcode key {ins.key!r}, "
-                       "which the parameter table does not know")
-      instr_rows.append((b, c, keys[key], ins.loads, ins.stores, elim[c]))
-      for j, w in enumerate(ins.writes[:MAX_WRITES]):
-        kind_cost = write_memo.get((w.reg, w.width))
-        if kind_cost is None:
-          kind_cost = write_memo[w.reg, w.width] = (
-              REG_KINDS.index(reg_kind(w.reg)), renaming.cost(w) if renaming else 1)
-        write_rows.append((b, c, j, *kind_cost, alloc[c][j]))
-      if len(deps[c]) > D:
-        raise ValueError(f"block {b}: instruction {c} has {len(deps[c])} deps, more than {D}")
-      for d, edge in enumerate(deps[c]):
-        p, dist = edge[0], edge[1]
-        dep_rows.append((b, c, d, *edge))
-        u = nuse[p]
-        if u >= C:
-          raise ValueError(f"block {b}: instruction {p} has more than {C} consumers")
-        use_rows.append((b, p, u, c, dist, d))
-        nuse[p] += 1
-  out = dict(length=np.array([len(blk.instrs) for blk in blocks], np.int32).reshape(B))
+  for b, enc in enumerate(encodings):
+    if enc.length > L:
+      raise ValueError(f"block {b} has {enc.length} instructions, more than the padded "
+                       f"length {L}")
+    if enc.max_deps > D:
+      raise ValueError(f"block {b}: an instruction has {enc.max_deps} deps, more than {D}")
+    instr_rows += [(b, *row) for row in enc.instrs]
+    write_rows += [(b, *row) for row in enc.writes]
+    nuse = [0] * enc.length
+    for c, d, p, dist, *rest in enc.deps:
+      dep_rows.append((b, c, d, p, dist, *rest))
+      if nuse[p] >= C:
+        raise ValueError(f"block {b}: instruction {p} has more than {C} consumers")
+      use_rows.append((b, p, nuse[p], c, dist, d))
+      nuse[p] += 1
+  out = dict(length=np.array([e.length for e in encodings], np.int32).reshape(B))
   out.update(_scatter(instr_rows, (B, L), dict(opcode=(np.int32, 0), loads=(bool, False),
                                                stores=(bool, False), eliminated=(bool, False)),
                       present="valid"))

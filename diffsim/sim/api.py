@@ -22,8 +22,8 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from diffsim.isa.encode import (BUCKETS, BlockBatch, encode, key_lookup, renaming_for,
-                                table_key)
+from diffsim.isa.encode import (BUCKETS, BlockBatch, Encoding, assemble, encode, encode_block,
+                                key_lookup, renaming_for, table_key)
 from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import Block
 from diffsim.params.table import Layout, Params, Structure, Table
@@ -330,14 +330,19 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
 
   A full job takes its bucket's most expensive waiting blocks, and what is left at the
   end goes out most expensive first too, so that each job's queue ends with short
-  blocks (`cost_estimates`). `total`: the number of blocks to come, if known, for the
-  progress bar.
+  blocks (`cost_estimates`). A block whose encoding an earlier block already has is
+  not simulated again: it takes that block's result (BHive's blocks often differ only
+  in registers, immediates or displacements). `total`: the number of blocks to come,
+  if known, for the progress bar.
   """
   if throughput not in ("total", "steady"):
     raise ValueError(f"throughput must be 'total' or 'steady', not {throughput!r}")
-  blocks: list[Block | Exception] = []
-  out: list[Prediction | None] = []
+  out: list[Prediction | None] = []  # per block so far
   supported = np.asarray(table.structure.supported)
+  renaming, key_of = renaming_for(table), key_lookup(table.layout.index)
+  encodings: dict[int, Encoding] = {}  # block -> its encoding, until its job is prepared
+  carrier: dict[Encoding, int] = {}  # encoding -> the block simulated for it
+  copies: dict[int, list[int]] = {}  # block simulated -> later blocks with its encoding
   waiting: dict[int, list[int]] = {}  # bucket length -> blocks not yet in a job
   cost = np.zeros(0)  # per block, `cost_estimates`
   bar = _progress(progress, total)
@@ -357,34 +362,46 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
     nonlocal previous
 
     def prepare(k: int):
-      return (_prepare_job(table, blocks, *jobs[k], out, iterations, throughput)
-              if k < len(jobs) else None)
+      if k == len(jobs):
+        return None
+      L, ids = jobs[k]
+      return ids, _prepare_job(table, [encodings.pop(i) for i in ids], L, iterations,
+                               throughput)
 
     ahead = prepare(0)
     for k in range(len(jobs)):
-      current, ahead = ahead, prepare(k + 1)
-      if current is not None:
-        ids, program = current
-        started = ids, _run(program)
-        _collect(previous, out, iterations, throughput, bar)
-        previous = started
+      (ids, program), ahead = ahead, prepare(k + 1)
+      started = ids, _run(program)
+      _collect(previous, out, copies, iterations, throughput, bar)
+      previous = started
 
   for chunk in chunks:
-    first = len(blocks)
-    n, keys = [], []
-    for b, b_keys in zip(chunk, _key_indices(table, chunk)):
-      i = len(blocks)
-      blocks.append(b)
-      ok = b_keys is not None and len(b_keys) <= BUCKETS[-1] and supported[b_keys].all()
-      out.append(None if ok else Prediction(None, block_error(table, b, supported)))
-      if ok:
+    first = len(out)
+    new, n, keys = [], [], []  # blocks with an encoding not seen before
+    with collector_paused():  # encodings are many small tuples
+      for b, b_keys in zip(chunk, _key_indices(table, chunk)):
+        i = len(out)
+        ok = b_keys is not None and len(b_keys) <= BUCKETS[-1] and supported[b_keys].all()
+        out.append(None if ok else Prediction(None, block_error(table, b, supported)))
+        if not ok:
+          bar.update(1)  # a row with an error is done
+          continue
+        try:
+          encoding = encode_block(b, table.layout.index, renaming, key_of)
+        except (KeyError, ValueError) as e:
+          out[i] = Prediction(None, f"encode: {e}")
+          bar.update(1)
+          continue
+        if carrier.setdefault(encoding, i) != i:
+          copies.setdefault(carrier[encoding], []).append(i)
+          continue
+        encodings[i] = encoding
         waiting.setdefault(next(x for x in BUCKETS if len(b_keys) <= x), []).append(i)
+        new.append(i)
         n.append(len(b_keys))
         keys += b_keys
-    runnable = [i for i in range(first, len(blocks)) if out[i] is None]
-    bar.update(len(blocks) - first - len(runnable))  # rows with an error are done
-    cost = np.concatenate([cost, np.zeros(len(blocks) - first)])
-    cost[runnable] = _costs(table, np.array(n, int), np.array(keys, int))
+    cost = np.concatenate([cost, np.zeros(len(out) - first)])
+    cost[new] = _costs(table, np.array(n, int), np.array(keys, int))
     full = []
     for L, ids in sorted(waiting.items()):
       size = batch_size or job_size(L)
@@ -397,19 +414,17 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
     while ids:
       rest.append(take(L, ids, size))
   run(rest)
-  _collect(previous, out, iterations, throughput, bar)
+  _collect(previous, out, copies, iterations, throughput, bar)
   bar.close()
   return out  # type: ignore[return-value]
 
 
-def _prepare_job(table: Table, blocks, L: int, ids, out, iterations: int, throughput: str):
-  """Encodes one job's blocks and starts loading its program (`programs.prefetch`):
-  (ids, `_program`), or None when none of them could be encoded (their error rows are
-  written)."""
-  ids, batch = _encode_or_report(blocks, ids, table.layout.index, L, out, renaming_for(table))
-  if not ids:
-    return None
-  m = len(ids)
+def _prepare_job(table: Table, encodings: Sequence[Encoding], L: int, iterations: int,
+                 throughput: str):
+  """One job's `_program`, its blocks padded to `L`; its program starts loading
+  (`programs.prefetch`)."""
+  batch = assemble(encodings, length=L)
+  m = len(encodings)
   if throughput == "total":
     its = np.full(m, iterations)
   else:  # the same blocks twice: N and 2N iterations
@@ -422,12 +437,13 @@ def _prepare_job(table: Table, blocks, L: int, ids, out, iterations: int, throug
                        batch)
   program = _program(table, batch, np.concatenate([its, np.zeros(size - len(its), int)]))
   programs.prefetch(_simulate, *program[:2])
-  return ids, program
+  return program
 
 
 @collector_paused()
-def _collect(started, out, iterations: int, throughput: str, bar=None) -> None:
-  """Waits for a launched job and writes its rows (and counts them on `bar`)."""
+def _collect(started, out, copies: dict, iterations: int, throughput: str, bar) -> None:
+  """Waits for a launched job and writes its rows, and those of their `copies` (and
+  counts them on `bar`)."""
   if started is None:
     return
   ids, launched = started
@@ -438,28 +454,14 @@ def _collect(started, out, iterations: int, throughput: str, bar=None) -> None:
   else:
     vals = 100.0 * (cyc[m:2 * m] - cyc[:m]) / iterations
     ovf = ovf[:m] | ovf[m:2 * m]
+  done = 0
   for i, v, o in zip(ids, vals, ovf):
-    out[i] = (Prediction(None, "did not finish within the cycle budget") if o
+    result = (Prediction(None, "did not finish within the cycle budget") if o
               else Prediction(float(v)))
-  if bar is not None:
-    bar.update(m)
-
-
-def _encode_or_report(blocks, ids, idx, L, out, renaming=None):
-  """Encodes blocks[ids]; a block that cannot be encoded gets its error row instead."""
-  try:
-    return ids, encode([blocks[i] for i in ids], idx, length=L, renaming=renaming)
-  except (KeyError, ValueError):
-    good = []
-    for i in ids:
-      try:
-        encode([blocks[i]], idx, length=L, renaming=renaming)
-        good.append(i)
-      except (KeyError, ValueError) as e:
-        out[i] = Prediction(None, f"encode: {e}")
-    if not good:
-      return [], None
-    return good, encode([blocks[i] for i in good], idx, length=L, renaming=renaming)
+    for j in (i, *copies.get(i, ())):
+      out[j] = result
+      done += 1
+  bar.update(done)
 
 
 def _progress(enabled: bool, total: int | None = None):

@@ -215,6 +215,30 @@ def test_blocks_in_chunks_give_what_blocks_give(haswell, capsys):
   assert got[3].error.startswith("decode") and all(p.cycles for p in got[:3] + got[4:])
 
 
+def test_blocks_the_simulator_cannot_tell_apart_are_simulated_once(haswell, monkeypatch):
+  """Blocks that differ only in registers, immediates or displacements encode alike, and
+  only the first of each encoding is simulated; the others take its result, also
+  across chunks."""
+  from diffsim.isa.encode import encode_block
+  from diffsim.sim import api
+
+  texts = ["addl %ecx, %eax; imull %eax, %eax", "addl %edx, %ebx; imull %ebx, %ebx",
+           "addl %ecx, %eax; imull %ecx, %ecx",  # other dependencies: its own encoding
+           "movq 8(%rdi), %rax; addq $1, %rax", "movq 64(%rsi), %rdx; addq $7, %rdx"]
+  blocks = [parse_asm(t) for t in texts]
+  encodings = [encode_block(b, haswell.layout.index) for b in blocks]
+  assert encodings[0] == encodings[1] != encodings[2] and encodings[3] == encodings[4]
+  assembled = []
+  real = api.assemble
+  monkeypatch.setattr(api, "assemble",
+                      lambda encs, **kw: assembled.extend(encs) or real(encs, **kw))
+  got = simulate_chunks(haswell, [blocks[:2], blocks[2:4], blocks[4:]])
+  assert len(assembled) == 3
+  alone = [simulate_blocks(haswell, [b])[0] for b in blocks]
+  monkeypatch.undo()
+  assert got == alone and got[0] == got[1] and got[3] == got[4]
+
+
 @pytest.mark.skipif(len(jax.devices()) > 1, reason="already multi-device")
 def test_sharded_over_eight_host_devices():
   """The shard_map path on 8 forced CPU devices gives the single-device answer, also for
