@@ -28,6 +28,7 @@ from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import Block
 from diffsim.params.table import Layout, Params, Structure, Table
 from diffsim.sim import programs, soft
+from diffsim.sim.dispatch import MAX_GROUP, group_for
 from diffsim.sim.facts import gather
 from diffsim.sim.issue import POS_BITS
 from diffsim.sim.pipeline import integer_globals, run_block, run_queue
@@ -64,16 +65,16 @@ def _mesh() -> Mesh:
 
 
 def _run_one(params, structure, layout, window, max_cycles, fast_forward, block, iterations,
-             trace=0):
+             trace=0, group=MAX_GROUP):
   """One block through `run_block` (the table gathered onto it first)."""
   facts = gather(params, structure, layout, block)
   members = jnp.asarray(layout.group_members, jnp.int32)
   return run_block(facts, params, members, iterations, window=window, max_cycles=max_cycles,
-                   fast_forward=fast_forward, trace=trace)
+                   fast_forward=fast_forward, trace=trace, group=group)
 
 
 def _sharded_queue(facts, limits, iterations, members, *, window, max_cycles, fast_forward,
-                   slots):
+                   slots, group):
   """`run_queue` on every local device, each with its share of the jobs."""
   spec = PartitionSpec("blocks")
 
@@ -81,21 +82,21 @@ def _sharded_queue(facts, limits, iterations, members, *, window, max_cycles, fa
                      out_specs=(spec, spec), check_vma=False)
   def sharded(facts, limits, iterations):
     return run_queue(facts, limits, members, iterations, slots=slots, window=window,
-                     max_cycles=max_cycles, fast_forward=fast_forward)
+                     max_cycles=max_cycles, fast_forward=fast_forward, group=group)
 
   return sharded(facts, limits, iterations)
 
 
 @functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles", "fast_forward",
-                                             "slots"))
+                                             "slots", "group"))
 def _simulate(params, structure, batch, iterations, *, layout, window, max_cycles,
-              fast_forward, slots):
+              fast_forward, slots, group):
   facts = jax.vmap(lambda b: gather(params, structure, layout, b))(batch)
   limits = jax.tree.map(lambda x: jnp.broadcast_to(x, iterations.shape + x.shape),
                         integer_globals(params))
   return _sharded_queue(facts, limits, iterations, jnp.asarray(layout.group_members, jnp.int32),
                         window=window, max_cycles=max_cycles, fast_forward=fast_forward,
-                        slots=slots)
+                        slots=slots, group=group)
 
 
 def _pad_batch(batch: BlockBatch, iterations, multiple: int):
@@ -167,7 +168,8 @@ def _program(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool 
   params = jax.tree.map(np.asarray, table.params)
   return ((params, table.structure, batch_p, its_p),
           dict(layout=table.layout, window=window, max_cycles=max_cycles,
-               fast_forward=fast_forward, slots=slots), np.argsort(deal)[:B])
+               fast_forward=fast_forward, slots=slots,
+               group=group_for(table.params.dispatch_width)), np.argsort(deal)[:B])
 
 
 def _deal(n: int, n_dev: int) -> np.ndarray:
@@ -182,8 +184,8 @@ def _finish(launched):
   return np.asarray(cycles)[rows], np.asarray(overflow)[rows]
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles", "slots"))
-def _sweep(params, structure, batch, iterations, *, layout, window, max_cycles, slots):
+@functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles", "slots", "group"))
+def _sweep(params, structure, batch, iterations, *, layout, window, max_cycles, slots, group):
   """Every (table, block) pair as one job of the queue: [P, B] cycles and overflow."""
   P, B = params.dispatch_width.shape[0], iterations.shape[0]
   facts = jax.vmap(lambda p: jax.vmap(lambda b: gather(p, structure, layout, b))(batch))(params)
@@ -196,7 +198,7 @@ def _sweep(params, structure, batch, iterations, *, layout, window, max_cycles, 
   cycles, overflow = _sharded_queue(
       jax.tree.map(flat, facts), jax.tree.map(flat, limits), jnp.tile(iterations, P)[deal],
       jnp.asarray(layout.group_members, jnp.int32), window=window, max_cycles=max_cycles,
-      fast_forward=True, slots=slots)
+      fast_forward=True, slots=slots, group=group)
   back = np.argsort(deal)
   return cycles[back].reshape(P, B), overflow[back].reshape(P, B)
 
@@ -220,7 +222,8 @@ def simulate_sweep(params: Params, structure: Structure, layout: Layout, batch: 
   params = jax.tree.map(np.asarray, params)  # on the host, as in `simulate`
   cycles, overflow = programs.call(
       _sweep, (params, structure, batch_p, its),
-      dict(layout=layout, window=window, max_cycles=max_cycles, slots=slots))
+      dict(layout=layout, window=window, max_cycles=max_cycles, slots=slots,
+           group=group_for(params.dispatch_width)))
   return np.asarray(cycles)[:, :B], np.asarray(overflow)[:, :B]
 
 
@@ -480,11 +483,11 @@ def _progress(enabled: bool, total: int | None = None):
   return _Null()
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "window", "trace"))
-def _timeline(params, structure, batch, iterations, *, layout, window, trace):
+@functools.partial(jax.jit, static_argnames=("layout", "window", "trace", "group"))
+def _timeline(params, structure, batch, iterations, *, layout, window, trace, group):
   block = jax.tree.map(lambda x: x[0], batch)
   return _run_one(params, structure, layout, window, DEFAULT_MAX_CYCLES, False, block,
-                  iterations, trace)
+                  iterations, trace, group)
 
 
 def timeline(table: Table, block: Block, iterations: int = 10):
@@ -499,7 +502,8 @@ def timeline(table: Table, block: Block, iterations: int = 10):
   cycles, _, trace = _timeline(table.params, table.structure, batch, jnp.int32(iterations),
                                layout=table.layout,
                                window=window_for(np.asarray(table.params.rob_size)),
-                               trace=n * iterations)
+                               trace=n * iterations,
+                               group=group_for(table.params.dispatch_width))
   return int(cycles), np.asarray(trace)[:, :3].reshape(iterations, n, 3)
 
 

@@ -11,20 +11,31 @@ Zero-latency instructions without resources whose operands are ready issue at on
 Whether the next instruction may go depends only on a few counters, so the cycle's
 dispatch group is decided by a short loop over those counters alone, and the group
 is then written into the window in one vectorised pass (the window is never carried
-through a per-instruction loop). Groups longer than `GROUP` instructions (zero-uop
-instructions can make them) take further passes.
+through a per-instruction loop). A pass takes up to `State.group` instructions, the
+dispatch width (`group_for`); a longer group (zero-uop instructions can make one) takes
+further passes.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from diffsim.sim.facts import BIG, Facts
 from diffsim.sim.state import (DISPATCH, HEAD, ISSUE, LOAD, LOAD_BARRIER, ORDER, OTHER, ROB,
                                STORE, STORE_BARRIER, WHY, WIDTH, State)
 
-GROUP = 8  # instructions decided and written per pass
+MAX_GROUP = 8  # instructions decided and written per pass at most
+
+
+def group_for(dispatch_width) -> int:
+  """Instructions per dispatch pass for a table (or a batch of tables): the widest
+  rounded dispatch width, at most `MAX_GROUP`. A pass costs every step work in
+  proportion to its size, whether or not the cycle dispatches, and more than the width
+  can go only past zero-uop instructions (haswell, 4,096 short blocks: 0.75 s at 4
+  against 0.81 s at 8, the same cycles: `benchmarks/RESULTS.md`, twentieth session)."""
+  return int(min(MAX_GROUP, max(1, np.max(np.round(np.asarray(dispatch_width))))))
 
 _COUNTERS = ("next", "carry", "rob_used", "rs_used", "lq_used", "sq_used", "prf_used")
 _ROW = ("uops", "begin_group", "end_group", "rob_cost", "prf_need", "prf_cost", "buffers",
@@ -50,21 +61,21 @@ def blockers(counters, slots, row, g):
   return WIDTH * narrow + ROB * rob + OTHER * other
 
 
-def _decide(counters, slots, total, facts: Facts, g):
-  """Up to GROUP instructions in order while they may go: (counters, slots, count, go).
+def _decide(counters, slots, total, facts: Facts, g, group: int):
+  """Up to `group` instructions in order while they may go: (counters, slots, count, go).
 
-  The next GROUP instructions' facts are gathered once and the loop is unrolled, so
+  The next `group` instructions' facts are gathered once and the loop is unrolled, so
   the whole decision fuses into a few kernels.
   """
   width = g["dispatch_width"]
   first = counters["next"]
-  rows = _rows(facts, jnp.mod(first + jnp.arange(GROUP + 1), facts.n))
+  rows = _rows(facts, jnp.mod(first + jnp.arange(group + 1), facts.n))
   count, go = jnp.zeros((), jnp.int32), jnp.ones((), bool)
 
   def add(x, y, go):
     return x + jnp.where(go, y, 0).astype(x.dtype)
 
-  for k in range(GROUP):
+  for k in range(group):
     row = {name: v[k] for name, v in rows.items()}
     go &= (first + k < total) & (blockers(counters, slots, row, g) == 0)
     wide = row["uops"] > width
@@ -79,8 +90,8 @@ def _decide(counters, slots, total, facts: Facts, g):
         prf_used=add(counters["prf_used"], row["prf_cost"], go))
     count += go.astype(jnp.int32)
     slots = jnp.where(go, new_slots, slots)
-  row = {name: v[GROUP] for name, v in rows.items()}
-  go &= (first + GROUP < total) & (blockers(counters, slots, row, g) == 0)
+  row = {name: v[group] for name, v in rows.items()}
+  go &= (first + group < total) & (blockers(counters, slots, row, g) == 0)
   return counters, slots, count, go
 
 
@@ -93,11 +104,11 @@ def _links(state: State, facts: Facts, first, count):
   wakes every consumer of the edge (issue.py). Retired producers impose nothing.
   """
   W = state.issue_t.shape[0]
-  k = jnp.arange(GROUP, dtype=jnp.int32)
-  i = first + k  # [GROUP]
+  k = jnp.arange(state.group, dtype=jnp.int32)
+  i = first + k  # [group]
   on = k < count
   c = jnp.mod(i, facts.n)
-  p = i[:, None] - facts.dep_off[c]  # [GROUP, D]: producers
+  p = i[:, None] - facts.dep_off[c]  # [group, D]: producers
   it = (i // facts.n)[:, None]
   live = on[:, None] & facts.dep_on[c] & (p >= state.head)
   p_slot = jnp.mod(p, W)
@@ -105,17 +116,17 @@ def _links(state: State, facts: Facts, first, count):
   before = state.issue_t[p_slot]  # issue cycles of older producers
   return dict(i=i, on=on, c=c, p_slot=p_slot, mine=mine, before=before,
               holds=live & (it >= facts.dep_first[c]) & (it < facts.dep_last[c]),
-              mine_k=jnp.clip(p - first, 0, GROUP - 1),
+              mine_k=jnp.clip(p - first, 0, state.group - 1),
               ready_at=jnp.where(mine, state.t, before) + facts.dep_w[c])
 
 
 def _producers_issued(links, now):
-  """[GROUP, D] bool: each producer has issued, given which group members issue now."""
+  """[group, D] bool: each producer has issued, given which group members issue now."""
   return jnp.where(links["mine"], now[links["mine_k"]], links["before"] < BIG)
 
 
 def _zero_latency_now(links, facts: Facts, t):
-  """[GROUP] bool: which of the group's instructions issue at dispatch.
+  """[group] bool: which of the group's instructions issue at dispatch.
 
   A zero-latency instruction without resources issues at once when its operands are
   ready, which may depend on an earlier member of the same group doing so: iterate
@@ -129,7 +140,7 @@ def _zero_latency_now(links, facts: Facts, t):
     return may & ~jnp.any(holds & ~issued, axis=-1) & (
         jnp.max(jnp.where(holds & issued, links["ready_at"], 0), axis=-1) <= t)
 
-  now = now_given(jnp.zeros(GROUP, bool))
+  now = now_given(jnp.zeros(links["on"].shape, bool))
   return lax.while_loop(lambda c: jnp.any(c[0] != c[1]),
                         lambda c: (now_given(c[0]), c[0]),
                         (now, jnp.where(jnp.any(now), ~now, now)))[0]
@@ -168,8 +179,8 @@ def _write(state: State, facts: Facts, first, count) -> State:
     rows = jnp.where(on, i, T)
     why = jnp.where(i == first, state.why, 0)
     cols = jnp.array([DISPATCH, ISSUE, ORDER, HEAD, WHY])
-    vals = jnp.stack([jnp.full(GROUP, t), jnp.where(now, t, -1), jnp.where(now, order, -1),
-                      jnp.full(GROUP, state.head), why], axis=-1)
+    vals = jnp.stack([jnp.full(state.group, t), jnp.where(now, t, -1), jnp.where(now, order, -1),
+                      jnp.full(state.group, state.head), why], axis=-1)
     state = state.replace(trace=state.trace.at[rows[:, None], cols[None, :]].set(
         vals, mode="drop"))
   return state
@@ -189,7 +200,7 @@ def dispatch(state: State, facts: Facts, g, on=True) -> State:
     state, slots, _ = carry
     counters = {name: getattr(state, name) for name in _COUNTERS}
     first = state.next
-    counters, slots, count, go = _decide(counters, slots, state.total, facts, g)
+    counters, slots, count, go = _decide(counters, slots, state.total, facts, g, state.group)
     state = _write(state, facts, first, count)
     state = state.replace(**counters, why=jnp.where(count > 0, 0, state.why))
     return state, slots, go

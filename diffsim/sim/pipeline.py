@@ -18,6 +18,7 @@ from diffsim.sim import dispatch as dispatch_stage
 from diffsim.sim import issue as issue_stage
 from diffsim.sim import period
 from diffsim.sim import retire as retire_stage
+from diffsim.sim.dispatch import MAX_GROUP
 from diffsim.sim.facts import BIG, Facts
 from diffsim.sim.state import State, inflight, init
 
@@ -101,7 +102,7 @@ def running(state: State, max_cycles: int):
 
 
 def run_block(facts: Facts, params, members, iterations, *, window: int, max_cycles: int,
-              fast_forward: bool = True, trace: int = 0):
+              fast_forward: bool = True, trace: int = 0, group: int = MAX_GROUP):
   """Total cycles for `iterations` iterations of one block (llvm-mca's Total Cycles).
 
   Returns:
@@ -112,7 +113,7 @@ def run_block(facts: Facts, params, members, iterations, *, window: int, max_cyc
   U = facts.unit_cycles.shape[-1]
   state = init(facts.n * iterations, U, members, params.buffer_size.shape[0],
                params.prf_size.shape[0], window, trace,
-               facts.dunit.shape[-1] + facts.grp.shape[-1])
+               facts.dunit.shape[-1] + facts.grp.shape[-1], group)
 
   state, _ = lax.while_loop(
       lambda c: running(c[0], max_cycles),
@@ -176,7 +177,7 @@ def slots_for(length: int) -> int:
 
 def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots: int | None,
               window: int, max_cycles: int, fast_forward: bool = True,
-              refill_every: int = 8):
+              refill_every: int = 8, group: int = MAX_GROUP):
   """Total cycles of many blocks through a fixed number of simulation slots.
 
   Cycle counts are heavy-tailed (median about 130, p99 about 4,000 at 100
@@ -192,6 +193,7 @@ def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots:
       queues (table, block) pairs, each slot with its own widths and buffer sizes.
     iterations: [N] int32.
     slots: slots per device (None: `slots_for` the blocks' padded length).
+    group: instructions per dispatch pass (`dispatch.group_for` the tables).
 
   Returns:
     (cycles [N] int32, overflow [N] bool).
@@ -205,7 +207,7 @@ def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots:
     i = jnp.minimum(i, N - 1)
     facts, g = jax.tree.map(lambda x: x[i], (all_facts, all_limits))
     state = init(facts.n * iterations[i], facts.unit_cycles.shape[-1], members,
-                 g["buffer_size"].shape[0], g["prf_size"].shape[0], window)
+                 g["buffer_size"].shape[0], g["prf_size"].shape[0], window, group=group)
     return (facts, g), state, period.init_memory()
 
   def cycles_of(facts_g, state, memory):

@@ -75,11 +75,13 @@ class State:
   tried: jax.Array  # [W] bool: scanned this cycle without issuing (see issue.py)
   mark_head: jax.Array  # [] int32: head when the cycle began (before retiring)
   mark_issued: jax.Array  # [] int32: `issued` when the cycle began
+  # Static: instructions dispatch decides and writes per pass (`dispatch.group_for`).
+  group: int = struct.field(pytree_node=False, default=8)
 
 
 def init(total, num_units: int, group_members, num_resources: int, num_files: int,
-         window: int, trace: int = 0, uses: int = 0) -> State:
-  """The empty machine at cycle 0."""
+         window: int, trace: int = 0, uses: int = 0, group: int = 8) -> State:
+  """The empty machine at cycle 0 (`group`: see `dispatch.group_for`)."""
   z = jnp.zeros((), jnp.int32)
   members = jnp.asarray(group_members, jnp.int32)
   return State(
@@ -98,7 +100,8 @@ def init(total, num_units: int, group_members, num_resources: int, num_files: in
       overflow=jnp.zeros((), bool), issued=z, why=z,
       last_user=jnp.full(num_units, -1, jnp.int32), last_col=jnp.zeros(num_units, jnp.int32),
       trace=jnp.full((trace, trace_columns(uses)), -1, jnp.int32),
-      more=jnp.zeros((), bool), tried=jnp.zeros(window, bool), mark_head=z, mark_issued=z)
+      more=jnp.zeros((), bool), tried=jnp.zeros(window, bool), mark_head=z, mark_issued=z,
+      group=group)
 
 
 def slot_dyn(state: State) -> jax.Array:
