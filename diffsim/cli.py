@@ -89,6 +89,15 @@ def use_all_cores() -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={cores or 1}"
 
 
+def one_blas_thread() -> None:
+  """Gives numpy's OpenBLAS one thread, unless the user chose a number, before numpy
+  loads. OpenBLAS starts a thread per core that spins at start-up, beside JAX's import
+  and the decoder; the commands do their heavy work in XLA, not BLAS (`diffsim
+  simulate`: 0.2 CPU-s of 19 spent in the idle BLAS threads, `benchmarks/RESULTS.md`,
+  twentieth session)."""
+  os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def _enable_compile_cache() -> None:
   """Keeps compiled simulator programs on disk between runs.
 
@@ -730,6 +739,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.progress = sys.stderr.isatty()
   _put_llvm14_on_path()
   use_all_cores()
+  one_blas_thread()
   try:
     return args.func(args)
   except CliError as e:
