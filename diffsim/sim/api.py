@@ -412,6 +412,13 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
         full.append(take(L, ids, size))
     run(full)
   rest = []
+  lengths = sorted(L for L, ids in waiting.items() if ids)
+  for L, up in zip(lengths, lengths[1:]):
+    # What is left of a bucket joins the next one's last job (padded to the longer
+    # length) where that job keeps its size: one program and one queue drain fewer.
+    last = len(waiting[up]) % (batch_size or job_size(up))
+    if last and _padded(last + len(waiting[L])) == _padded(last):
+      waiting[up] += waiting.pop(L)
   for L, ids in sorted(waiting.items()):
     size = batch_size or job_size(L)
     while ids:
@@ -433,14 +440,18 @@ def _prepare_job(table: Table, encodings: Sequence[Encoding], L: int, iterations
   else:  # the same blocks twice: N and 2N iterations
     batch = jax.tree.map(lambda x: np.concatenate([x, x]), batch)
     its = np.concatenate([np.full(m, iterations), np.full(m, 2 * iterations)])
-  # Pad to a power of two with zero-iteration copies (they finish at once) so that
-  # few batch shapes, hence few compilations, ever occur.
-  size = max(8, 1 << (len(its) - 1).bit_length())
+  size = _padded(len(its))
   batch = jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[:1], size - len(its), 0)]),
                        batch)
   program = _program(table, batch, np.concatenate([its, np.zeros(size - len(its), int)]))
   programs.prefetch(_simulate, *program[:2])
   return program
+
+
+def _padded(rows: int) -> int:
+  """A job's rows padded to a power of two (with zero-iteration copies, which finish at
+  once), so that few batch shapes, hence few compilations, ever occur."""
+  return max(8, 1 << (rows - 1).bit_length())
 
 
 @collector_paused()
