@@ -15,9 +15,10 @@ write replaces the whole register's mapping and waits for the previous writer in
 (a write-after-write edge), and an eliminated register move creates an alias, so that
 readers of its destination link to the current writer of its source.
 
-Blocks are padded to a bucket length L (a few sizes, so that only a handful of
-programs compile) with a `valid` mask. Shapes: B blocks, L instructions, D deps per
-instruction, C consumers per instruction.
+`encode_block` gives one block's rows (a hashable `Encoding`), `assemble` pads many into
+a batch: to a bucket length L (a few sizes, so that only a handful of programs compile)
+with a `valid` mask. Shapes: B blocks, L instructions, D deps per instruction, C
+consumers per instruction.
 """
 
 from __future__ import annotations
@@ -540,8 +541,8 @@ def _scatter(rows: list[tuple], shape: tuple[int, ...], fields: dict, present: s
 class Encoding:
   """One block as the simulator sees it, before padding: `encode_block`'s rows.
 
-  Hashable and comparable: two blocks with equal encodings get equal cycles from any
-  table with the same keys, so a batch need simulate each encoding once (BHive's
+  Hashable and comparable: two blocks with equal encodings get equal cycles from the
+  table they were encoded for, so a batch need simulate each encoding once (BHive's
   blocks often differ only in registers, immediates or displacements).
   """
 
