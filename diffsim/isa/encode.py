@@ -35,7 +35,7 @@ import numpy as np
 from diffsim.isa import idioms
 from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import FLAGS, Block
-from diffsim.params.table import READ_CLASSES, WRITE_ROLES
+from diffsim.params.table import READ_CLASSES, REG_KINDS, WRITE_ROLES
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
 DEP_BUCKETS = (4, 8, 16, 32, 64)
@@ -577,8 +577,6 @@ def encode_block(block: Block, keys: Mapping[str, int], renaming: Renaming | Non
     movable = [key_of(ins) in renaming.move_elim for ins in block.instrs]
     history, alloc, elim = _rename_history(block, renaming, movable)
     deps = _ranged_edges(history)
-  from diffsim.params.table import REG_KINDS
-
   instrs, writes, edges = [], [], []
   for c, ins in enumerate(block.instrs):
     key = key_of(ins)

@@ -22,16 +22,17 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from diffsim.isa.encode import (BUCKETS, BlockBatch, Encoding, assemble, encode, encode_block,
-                                key_lookup, renaming_for, table_key)
+from diffsim.isa.encode import (BUCKETS, BlockBatch, Encoding, assemble, bucket_length, encode,
+                                encode_block, key_lookup, renaming_for, table_key)
 from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import Block
 from diffsim.params.table import Layout, Params, Structure, Table
 from diffsim.sim import programs, soft
-from diffsim.sim.dispatch import MAX_GROUP, group_for
+from diffsim.sim.dispatch import group_for
 from diffsim.sim.facts import gather
 from diffsim.sim.issue import POS_BITS
 from diffsim.sim.pipeline import integer_globals, run_block, run_queue
+from diffsim.sim.state import MAX_GROUP
 
 DEFAULT_MAX_CYCLES = 1 << 20
 MAX_WINDOW = 1 << POS_BITS
@@ -382,27 +383,22 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
     first = len(out)
     new, n, keys = [], [], []  # blocks with an encoding not seen before
     with collector_paused():  # encodings are many small tuples
-      for b, b_keys in zip(chunk, _key_indices(table, chunk)):
+      for b in chunk:
         i = len(out)
-        ok = b_keys is not None and len(b_keys) <= BUCKETS[-1] and supported[b_keys].all()
-        out.append(None if ok else Prediction(None, block_error(table, b, supported)))
-        if not ok:
+        encoding = _encoded(table, b, supported, renaming, key_of)
+        if isinstance(encoding, str):
+          out.append(Prediction(None, encoding))
           bar.update(1)  # a row with an error is done
           continue
-        try:
-          encoding = encode_block(b, table.layout.index, renaming, key_of)
-        except (KeyError, ValueError) as e:
-          out[i] = Prediction(None, f"encode: {e}")
-          bar.update(1)
-          continue
+        out.append(None)
         if carrier.setdefault(encoding, i) != i:
           copies.setdefault(carrier[encoding], []).append(i)
           continue
         encodings[i] = encoding
-        waiting.setdefault(next(x for x in BUCKETS if len(b_keys) <= x), []).append(i)
+        waiting.setdefault(bucket_length(encoding.length), []).append(i)
         new.append(i)
-        n.append(len(b_keys))
-        keys += b_keys
+        n.append(encoding.length)
+        keys += [row[1] for row in encoding.instrs]
     cost = np.concatenate([cost, np.zeros(len(out) - first)])
     cost[new] = _costs(table, np.array(n, int), np.array(keys, int))
     full = []
@@ -416,8 +412,7 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
   for L, up in zip(lengths, lengths[1:]):
     # What is left of a bucket joins the next one's last job (padded to the longer
     # length) where that job keeps its size: one program and one queue drain fewer.
-    last = len(waiting[up]) % (batch_size or job_size(up))
-    if last and _padded(last + len(waiting[L])) == _padded(last):
+    if _padded(len(waiting[up]) + len(waiting[L])) == _padded(len(waiting[up])):
       waiting[up] += waiting.pop(L)
   for L, ids in sorted(waiting.items()):
     size = batch_size or job_size(L)
@@ -427,6 +422,21 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
   _collect(previous, out, copies, iterations, throughput, bar)
   bar.close()
   return out  # type: ignore[return-value]
+
+
+def _encoded(table: Table, block: Block | Exception, supported, renaming, key_of):
+  """`block`'s Encoding, or why the simulator cannot run it (`block_error`)."""
+  if isinstance(block, Exception) or not block.instrs or len(block.instrs) > BUCKETS[-1]:
+    return block_error(table, block, supported)
+  try:
+    encoding = encode_block(block, table.layout.index, renaming, key_of)
+  except KeyError:  # an opcode key the table lacks
+    return block_error(table, block, supported)
+  except ValueError as e:
+    return f"encode: {e}"
+  if not supported[[row[1] for row in encoding.instrs]].all():
+    return block_error(table, block, supported)
+  return encoding
 
 
 def _prepare_job(table: Table, encodings: Sequence[Encoding], L: int, iterations: int,

@@ -23,10 +23,8 @@ import numpy as np
 from jax import lax
 
 from diffsim.sim.facts import BIG, Facts
-from diffsim.sim.state import (DISPATCH, HEAD, ISSUE, LOAD, LOAD_BARRIER, ORDER, OTHER, ROB,
-                               STORE, STORE_BARRIER, WHY, WIDTH, State)
-
-MAX_GROUP = 8  # instructions decided and written per pass at most
+from diffsim.sim.state import (DISPATCH, HEAD, ISSUE, LOAD, LOAD_BARRIER, MAX_GROUP, ORDER,
+                               OTHER, ROB, STORE, STORE_BARRIER, WHY, WIDTH, State)
 
 
 def group_for(dispatch_width) -> int:

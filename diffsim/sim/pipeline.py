@@ -18,9 +18,8 @@ from diffsim.sim import dispatch as dispatch_stage
 from diffsim.sim import issue as issue_stage
 from diffsim.sim import period
 from diffsim.sim import retire as retire_stage
-from diffsim.sim.dispatch import MAX_GROUP
 from diffsim.sim.facts import BIG, Facts
-from diffsim.sim.state import State, inflight, init
+from diffsim.sim.state import MAX_GROUP, State, inflight, init
 
 
 def integer_globals(params) -> dict:

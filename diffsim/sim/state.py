@@ -14,6 +14,8 @@ from flax import struct
 
 from diffsim.sim.facts import BIG
 
+MAX_GROUP = 8  # instructions dispatch decides and writes per pass, at most
+
 # Bits of State.flags.
 LOAD, STORE, LOAD_BARRIER, STORE_BARRIER = 1, 2, 4, 8
 # Bits of State.why: what held the next instruction back at its last dispatch try.
@@ -76,11 +78,11 @@ class State:
   mark_head: jax.Array  # [] int32: head when the cycle began (before retiring)
   mark_issued: jax.Array  # [] int32: `issued` when the cycle began
   # Static: instructions dispatch decides and writes per pass (`dispatch.group_for`).
-  group: int = struct.field(pytree_node=False, default=8)
+  group: int = struct.field(pytree_node=False, default=MAX_GROUP)
 
 
 def init(total, num_units: int, group_members, num_resources: int, num_files: int,
-         window: int, trace: int = 0, uses: int = 0, group: int = 8) -> State:
+         window: int, trace: int = 0, uses: int = 0, group: int = MAX_GROUP) -> State:
   """The empty machine at cycle 0 (`group`: see `dispatch.group_for`)."""
   z = jnp.zeros((), jnp.int32)
   members = jnp.asarray(group_members, jnp.int32)
