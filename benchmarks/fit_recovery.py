@@ -28,9 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from diffsim.cli import use_all_cores
+from diffsim.cli import tune_xla
 
-use_all_cores()  # one XLA CPU device per core, before JAX starts
+tune_xla()  # one XLA CPU device per core, small loops whole: before JAX starts
 
 import jax
 import numpy as np

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diffsim.cli import mca_predict, sim_predict, use_all_cores
+from diffsim.cli import mca_predict, sim_predict, tune_xla
 from diffsim.data import load_csv, shared_data_dir, shipped, split
 from diffsim.fit import FitConfig
 from diffsim.fit.run import fit_and_report, format_report
@@ -61,7 +61,7 @@ def main() -> None:
   ap.add_argument("--mca-models", default="all", help="'all' distinct models or a list a,b")
   ap.add_argument("--ship", action="store_true")
   args = ap.parse_args()
-  use_all_cores()
+  tune_xla()
   from diffsim.mca.cpus import mca_cpu_groups
 
   ds = measured()

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diffsim.cli import mca_predict, sim_predict, use_all_cores
+from diffsim.cli import mca_predict, sim_predict, tune_xla
 from diffsim.data import load_csv, metrics, shared_data_dir, shipped
 from diffsim.fit import FitConfig, fit
 from diffsim.isa import decode_blocks
@@ -226,7 +226,7 @@ def main() -> None:
   ap.add_argument("--embed-corpus", type=int, default=None, metavar="N",
                   help="only embed the first N corpus blocks (0: all) with the model in --out")
   args = ap.parse_args()
-  use_all_cores()
+  tune_xla()
   if args.quick:
     args.corpus, args.blocks, args.samples, args.heldout_samples = 1500, 200, 3, 2
     args.dim, args.epochs, args.max_len, args.ks, args.sim_epochs = 64, 2, 16, "32", 1

@@ -27,6 +27,8 @@ import shutil
 import sys
 import tempfile
 
+from diffsim.cli import tune_xla
+
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--n", type=int, default=600)
 ap.add_argument("--cpu", default="haswell")
@@ -37,6 +39,7 @@ WORK = tempfile.mkdtemp(prefix="sim_profile_")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=1"
                            f" --xla_dump_to={WORK}/hlo --xla_dump_hlo_as_text")
+tune_xla()  # and the command's other options
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -21,9 +21,9 @@ import resource
 import sys
 import time
 
-from diffsim.cli import use_all_cores
+from diffsim.cli import tune_xla
 
-use_all_cores()  # one XLA CPU device per core, before JAX starts
+tune_xla()  # one XLA CPU device per core, small loops whole: before JAX starts
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from diffsim.cli import use_all_cores
+from diffsim.cli import tune_xla
 from diffsim.data import shared_data_dir, shipped
 from diffsim.fit import learn
 from diffsim.fit.batches import minibatches
@@ -81,7 +81,7 @@ def main() -> None:
   ap.add_argument("--cpu", default="znver3")
   ap.add_argument("--batch-size", type=int, default=256)
   args = ap.parse_args()
-  use_all_cores()
+  tune_xla()
   table = load_table(args.cpu)
   W = window_for(np.asarray(table.params.rob_size))
   hexes = corpus(None if args.all else args.n)

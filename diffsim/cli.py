@@ -76,17 +76,32 @@ def _put_llvm14_on_path() -> None:
   os.environ["PATH"] = os.pathsep.join([str(folder), os.environ.get("PATH", "")])
 
 
-def use_all_cores() -> None:
-  """Gives XLA's CPU backend one device per core, before JAX starts.
+# XLA:CPU compiles a while loop whose buffers total at most this many bytes into one
+# kernel (its small-while-loop pass; 1 KB by default) rather than running every
+# iteration as a sequence of small kernels. The simulator's inner loops (the issue
+# round's candidates and each one's units and groups, the zero-latency fixed point,
+# the jumps) carry a few KB per device; compiled whole, the 20,000 command blocks
+# simulate 6% faster, with the same cycles (`benchmarks/RESULTS.md`, twenty-first
+# session). Loops over large buffers keep their kernels.
+SMALL_LOOP_BYTES = 131072
+
+
+def tune_xla() -> None:
+  """Sets XLA's CPU options before JAX starts: one device per core, and small loops
+  compiled whole (`SMALL_LOOP_BYTES`).
 
   The simulator shards blocks over local devices, and each device runs its own cycle
   loop on its own thread; on a CPU-only machine that is how both cores get used.
-  Has no effect once JAX is initialised, nor when XLA_FLAGS already sets a count.
+  Has no effect once JAX is initialised; options XLA_FLAGS already sets are kept.
   """
   flags = os.environ.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" not in flags:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={cores or 1}"
+    flags += f" --xla_force_host_platform_device_count={cores or 1}"
+  if "xla_backend_extra_options" not in flags:
+    flags += (" --xla_backend_extra_options="
+              f"xla_cpu_small_while_loop_byte_threshold={SMALL_LOOP_BYTES}")
+  os.environ["XLA_FLAGS"] = flags.strip()
 
 
 def one_blas_thread() -> None:
@@ -738,7 +753,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   if getattr(args, "progress", None) is None:
     args.progress = sys.stderr.isatty()
   _put_llvm14_on_path()
-  use_all_cores()
+  tune_xla()
   one_blas_thread()
   try:
     return args.func(args)

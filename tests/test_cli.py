@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -239,6 +240,21 @@ def test_binary_input_fails_and_names_it(tmp_path, capsys, command):
 def test_unknown_params_fail_cleanly(blocks_csv, capsys):
   assert main(["simulate", str(blocks_csv), "--params", "no-such-cpu"]) != 0
   assert "no-such-cpu" in capsys.readouterr().err
+
+
+def test_tune_xla_adds_its_options_and_keeps_the_users(monkeypatch):
+  from diffsim.cli import SMALL_LOOP_BYTES, tune_xla
+
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  tune_xla()
+  flags = os.environ["XLA_FLAGS"].split()
+  assert any(f.startswith("--xla_force_host_platform_device_count=") for f in flags)
+  assert ("--xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold="
+          f"{SMALL_LOOP_BYTES}") in flags
+  mine = "--xla_force_host_platform_device_count=3 --xla_backend_extra_options=a=1"
+  monkeypatch.setenv("XLA_FLAGS", mine)
+  tune_xla()
+  assert os.environ["XLA_FLAGS"] == mine
 
 
 def test_python_m_diffsim_help():

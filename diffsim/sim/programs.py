@@ -10,9 +10,10 @@ RESULTS.md`, fourteenth session).
 
 A kept program is keyed on everything that shapes it: the function, its static
 arguments (the table's layout, window, budget...), the shapes and dtypes of its inputs,
-the devices and the host CPU's features (an executable is machine code), the JAX
-version and the source of the diffsim code it is traced from (`PROGRAM_SOURCES`), so a
-program is never reused where it would compute something else, or could not run.
+the devices and the host CPU's features (an executable is machine code), XLA's
+options, the JAX version and the source of the diffsim code it is traced from
+(`PROGRAM_SOURCES`), so a program is never reused where it would compute something
+else, or could not run.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def _write(path: Path, blob: bytes) -> None:
 def _key(fn, tree, leaves, static: dict) -> str:
   h = hashlib.blake2b(digest_size=16)
   devices = jax.local_devices()
-  h.update(repr((jax.__version__, jaxlib.__version__, len(devices), _machine(),
+  h.update(repr((jax.__version__, jaxlib.__version__, len(devices), _machine(), _xla_flags(),
                  source_digest(*sorted({*PROGRAM_SOURCES, _subpackage(fn)})),
                  getattr(fn, "__qualname__", repr(fn)), str(tree),
                  [(np.shape(x), str(np.result_type(x))) for x in leaves],
@@ -187,6 +188,13 @@ def _subpackage(fn) -> str:
   """The diffsim subpackage that defines `fn` ("sim" for `diffsim.sim.api`)."""
   parts = getattr(fn, "__module__", "").split(".")
   return parts[1] if len(parts) > 2 and parts[0] == "diffsim" else "sim"
+
+
+@functools.cache
+def _xla_flags() -> str:
+  """XLA's options as this process set them: they change what a compilation makes
+  (`cli.tune_xla`), and XLA reads them once, at start."""
+  return os.environ.get("XLA_FLAGS", "")
 
 
 @functools.cache

@@ -241,10 +241,13 @@ def test_blocks_the_simulator_cannot_tell_apart_are_simulated_once(haswell, monk
 
 @pytest.mark.skipif(len(jax.devices()) > 1, reason="already multi-device")
 def test_sharded_over_eight_host_devices():
-  """The shard_map path on 8 forced CPU devices gives the single-device answer, also for
-  a table committed to one device (as a fit leaves it), and for a sweep."""
+  """The shard_map path on 8 forced CPU devices, compiled with the command's XLA options
+  (small loops whole), gives the single-device answer, also for a table committed to one
+  device (as a fit leaves it), and for a sweep."""
   code = textwrap.dedent("""
       import dataclasses
+      from diffsim.cli import tune_xla
+      tune_xla()
       import jax, numpy as np
       from diffsim.isa import parse_asm
       from diffsim.isa.encode import encode
