@@ -1,33 +1,37 @@
-"""Learning a Zen 5 table from real measurements, reported on held-out blocks.
+"""Learning a Zen 5 table from real measurements, against black-box models, on held-out
+blocks.
 
-Fits the znver3 table (llvm-mca's closest model) to the measured Zen 5 throughputs
-of ../shared/data/measured (or the shipped 3,000-block sample when ../shared is
-absent), growing resource groups the fit asks more of, then compares on the test
-part of a seeded 80/10/10 split by block: llvm-mca with each of its distinct x86
-models, diffsim with the initial table and with the learned one (steady state, 100
-iterations, exact hard simulator with the rounded table).
+Data: ../shared/data/measured/zen5-measured.csv (or the shipped 3,000-block sample
+when ../shared is absent), split 80/10/10 by block hash with seed 0, and one
+application (`--app`, redis-server by default) held out entirely: its blocks are in
+no training or validation part and are reported on their own. Blocks whose
+measurement passes disagreed by more than 5% (`spread`) are left out of training and
+validation; the test parts keep them all.
 
-Blocks whose measurement passes disagreed by more than 5% (`spread`, see the data's
-README) are left out of training and validation; the test part keeps them all and
-the stable subset is reported as well.
+The fit: start from `--init` (default `zen5-facts`: znver3 changed by the public Zen 5
+facts, `diffsim.params.starts`), then `--exact` rounds of the exact per-opcode search
+(`diffsim.fit.exact`) on every training block, the round chosen by validation MAPE.
+Reported side by side, on the same blocks, in one run: llvm-mca 14 (`--mca-models`),
+gradient-boosted trees on opcode counts trained on the same training blocks
+(`diffsim.fit.trees`), the previously shipped table (`--compare`), the starting table
+and the fitted one; MAPE, Kendall tau and within-5%, overall and per category.
 
-  python benchmarks/fit_zen5.py [--train-limit 12000] [--epochs 10] [--out runs/zen5]
-      [--ship]   # also copy the learned table to diffsim/params/tables/zen5.json
+  python benchmarks/fit_zen5.py [--exact 2] [--out runs/zen5-bench] [--ship]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
-from diffsim.cli import mca_predict, sim_predict, tune_xla
-from diffsim.data import load_csv, shared_data_dir, shipped, split
-from diffsim.fit import FitConfig
-from diffsim.fit.run import fit_and_report, format_report
+from diffsim.cli import _enable_compile_cache, mca_predict, sim_predict, tune_xla
+from diffsim.data import load_csv, metrics, shared_data_dir, shipped, split
+from diffsim.data.split import split_ids
 from diffsim.isa import decode_blocks
 from diffsim.params.table import TABLES_DIR, load_table
 
@@ -40,68 +44,126 @@ def measured():
   return load_csv(shipped("zen5-small.csv"))
 
 
-def stable_mask(ds) -> np.ndarray:
-  """Blocks whose measurement passes agreed within 5% (the data's README)."""
-  return np.asarray(ds.extra.get("spread", [0.0] * len(ds)), np.float64) <= 0.05
+def categories(blocks) -> dict[str, np.ndarray]:
+  """Named masks: what a block does (loads, stores, stack, div, vector) and its length."""
+  def facts(b):
+    if isinstance(b, Exception):
+      return {}
+    ins = b.instrs
+    n = len(ins)
+    return {"load": any(i.loads and not i.stack for i in ins),
+            "store": any(i.stores and not i.stack for i in ins),
+            "no memory": not any(i.loads or i.stores for i in ins),
+            "stack": any(i.stack for i in ins),
+            "div": any(i.mnemonic in ("div", "idiv") for i in ins),
+            "vector": any(r.reg.startswith(("XMM", "YMM", "ZMM"))
+                          for i in ins for r in (*i.reads, *i.writes)),
+            "<= 4 instrs": n <= 4, "5-12 instrs": 4 < n <= 12, "> 12 instrs": n > 12}
+  rows = [facts(b) for b in blocks]
+  names = ["load", "store", "no memory", "stack", "div", "vector", "<= 4 instrs",
+           "5-12 instrs", "> 12 instrs"]
+  return {k: np.array([r.get(k, False) for r in rows]) for k in names}
 
 
-def stable(ds):
-  return ds.take(np.flatnonzero(stable_mask(ds)))
+def score(pred, y) -> dict:
+  s = metrics.summary(pred, y)
+  return dict(mape=s["mape"], tau=s["kendall_tau"], w5=s["within_5pct"], n=s["n"])
+
+
+def table_rows(results: dict[str, np.ndarray], y: np.ndarray, cats: dict) -> list[str]:
+  head = "| predictor | MAPE | Kendall tau | within 5% | " + " | ".join(cats) + " |"
+  lines = [head, "|" + "---|" * (4 + len(cats))]
+  counts = "| blocks | | | | " + " | ".join(f"{int(m.sum()):,}" for m in cats.values()) + " |"
+  for name, pred in results.items():
+    s = score(pred, y)
+    per = [f"{100 * metrics.mape(pred[m], y[m]):.1f}%" if m.any() else "-" for m in cats.values()]
+    lines.append(f"| {name} | {100 * s['mape']:.1f}% | {s['tau']:.3f} | {100 * s['w5']:.1f}% | "
+                 + " | ".join(per) + " |")
+  return lines + [counts]
 
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--train-limit", type=int, default=12000,
-                  help="training blocks used (a seeded subset; 0 = all)")
-  ap.add_argument("--val-limit", type=int, default=1500)
-  ap.add_argument("--epochs", type=int, default=6)
-  ap.add_argument("--lr", type=float, default=0.03,
-                  help="Adam's peak step (smaller than the CLI's default: ~100 steps/epoch)")
-  ap.add_argument("--out", default="runs/zen5")
-  ap.add_argument("--mca-models", default="all", help="'all' distinct models or a list a,b")
-  ap.add_argument("--ship", action="store_true")
+  ap.add_argument("--init", default="zen5-facts")
+  ap.add_argument("--compare", default="zen5", help="a shipped table reported beside (or '')")
+  ap.add_argument("--exact", type=int, default=2, help="rounds of the exact search")
+  ap.add_argument("--cap", type=int, default=48, help="judging blocks per opcode")
+  ap.add_argument("--app", default="redis-server", help="application held out entirely")
+  ap.add_argument("--train-limit", type=int, default=0, help="training blocks (0 = all)")
+  ap.add_argument("--mca-models", default="znver3")
+  ap.add_argument("--out", default="runs/zen5-bench")
+  ap.add_argument("--ship", action="store_true",
+                  help="copy the fitted table to diffsim/params/tables/zen5.json")
   args = ap.parse_args()
   tune_xla()
-  from diffsim.mca.cpus import mca_cpu_groups
+  _enable_compile_cache()
+  from diffsim.fit.exact import MOVES, refine
+  from diffsim.fit.trees import OpcodeTrees
+  from diffsim.params.export import to_json
 
-  ds = measured()
-  train, val, test = split(ds, seed=0)
-  rng = np.random.default_rng(0)
-  train, val = stable(train), stable(val)
-  if args.train_limit and len(train) > args.train_limit:
-    train = train.take(np.sort(rng.choice(len(train), args.train_limit, replace=False)))
-  if args.val_limit and len(val) > args.val_limit:
-    val = val.take(np.sort(rng.choice(len(val), args.val_limit, replace=False)))
-  print(f"{len(ds)} measured blocks: {len(train)} train, {len(val)} validation (stable "
-        f"only), {len(test)} test")
-  groups = [g for g in mca_cpu_groups() if "generic" not in g]
-  if args.mca_models != "all":
-    keep = set(args.mca_models.split(","))
-    groups = [g for g in groups if keep & set(g)]
-  predictors = {}
-  for g in groups:
-    name = next((n for n in ("haswell", "skylake", "znver3", "znver2", "znver1", "broadwell",
-                             "icelake-client", "skx", "btver2", "bdver2", "atom", "slm")
-                 if n in g), g[0])
-    label = f"llvm-mca -mcpu={name}" + (f" (= {len(g) - 1} more)" if len(g) > 1 else "")
-    predictors[label] = lambda blocks, cpu=name: mca_predict(blocks, cpu, 100, "steady", False)
-  t0 = time.time()
-  report = fit_and_report(
-      load_table("znver3"), train, val, test, Path(args.out),
-      FitConfig(epochs=args.epochs, lr=args.lr), init_name="znver3", name="zen5", grow=True,
-      predictors=predictors,
-      simulate=lambda t: (lambda blocks: sim_predict(t, blocks, 100, "steady", True)),
-      decode=lambda hexes: decode_blocks(hexes, progress=True),
-      held_out="test part, seed 0", progress=True, subsets={"stable": stable_mask(test)})
-  print(f"fit and report: {time.time() - t0:.0f} s")
-  for phase, hist in report["history"].items():
-    secs = [h["seconds"] for h in hist if h["train"] is not None]
-    print(f"{phase}: {len(secs)} epochs, {np.median(secs):.1f} s per epoch (median), "
-          f"{sum(secs):.0f} s in all")
   out = Path(args.out)
-  rows = [dict(name=r["name"], **r["subsets"]["stable"]) for r in report["held_out_results"]]
-  print(format_report(rows, f"stable test blocks only (spread <= 5%, "
-                            f"{int(stable_mask(test).sum())} blocks):"))
+  out.mkdir(parents=True, exist_ok=True)
+  ds = measured()
+  apps = np.asarray(ds.extra.get("source_app", [""] * len(ds)))
+  spread = np.asarray(ds.extra.get("spread", [0.0] * len(ds)), np.float64)
+  part = split_ids(ds.hex, seed=0)
+  unseen = apps == args.app
+  train_ids = np.flatnonzero((part == 0) & ~unseen & (spread <= 0.05))
+  if args.train_limit and len(train_ids) > args.train_limit:
+    rng = np.random.default_rng(0)
+    train_ids = np.sort(rng.choice(train_ids, args.train_limit, replace=False))
+  val_ids = np.flatnonzero((part == 1) & ~unseen & (spread <= 0.05))
+  test_ids = np.flatnonzero((part == 2) & ~unseen)
+  app_ids = np.flatnonzero(unseen)
+  print(f"{len(ds)} measured blocks: {len(train_ids)} train, {len(val_ids)} validation "
+        f"(stable only), {len(test_ids)} test, {len(app_ids)} of {args.app} held out")
+  t0 = time.time()
+  blocks = decode_blocks(list(ds.hex))
+  print(f"decoded in {time.time() - t0:.0f} s")
+  take = lambda ids: [blocks[i] for i in ids]  # noqa: E731
+
+  t0 = time.time()
+  trees = OpcodeTrees().fit(take(train_ids), ds.y[train_ids])
+  trees_s = time.time() - t0
+  start = load_table(args.init)
+  t0 = time.time()
+  refined = refine(start, take(train_ids), ds.y[train_ids], MOVES, rounds=args.exact,
+                   cap=args.cap, val=(take(val_ids), ds.y[val_ids]), state_dir=out / "exact")
+  fit_s = time.time() - t0
+  doc = to_json(refined.table, cpu="zen5",
+                source=f"diffsim.fit.exact from {args.init} on {len(train_ids)} measured "
+                       f"Zen 5 blocks (zen5-measured.csv, split seed 0, {args.app} held out), "
+                       f"{args.exact} rounds")
+  (out / "params.json").write_text(json.dumps(doc, separators=(",", ":")))
+  (out / "history.json").write_text(json.dumps(refined.history, indent=1))
+  fitted = load_table(str(out / "params.json"))
+
+  def sim(table):
+    return lambda bl: np.array([np.nan if v is None else v
+                                for v, _ in sim_predict(table, bl, 100, "steady", False)])
+
+  predictors = {f"llvm-mca -mcpu={m}": (lambda bl, m=m: np.array(
+      [np.nan if v is None else v for v, _ in mca_predict(bl, m, 100, "steady", False)]))
+      for m in args.mca_models.split(",") if m}
+  predictors["trees on opcode counts (same training blocks)"] = trees.predict
+  if args.compare:
+    predictors[f"diffsim, shipped {args.compare} (before)"] = sim(load_table(args.compare))
+  predictors[f"diffsim, {args.init} (start)"] = sim(start)
+  predictors["diffsim, fitted (exact search)"] = sim(fitted)
+  report = {}
+  for title, ids in ((f"test part, seed 0 ({len(test_ids)} blocks)", test_ids),
+                     (f"{args.app}, held out entirely ({len(app_ids)} blocks)", app_ids)):
+    if not len(ids):
+      continue
+    bl, y = take(ids), ds.y[ids]
+    results = {name: np.asarray(f(bl), np.float64) for name, f in predictors.items()}
+    print(f"\n{title}:")
+    print("\n".join(table_rows(results, y, categories(bl))))
+    report[title] = {name: score(p, y) for name, p in results.items()}
+  print(f"\nfit: {fit_s:.0f} s (exact search, {args.exact} rounds, validation MAPE "
+        f"{100 * refined.val_mape:.2f}%); trees: {trees_s:.0f} s")
+  report["fit_seconds"], report["history"] = fit_s, refined.history
+  (out / "report.json").write_text(json.dumps(report, indent=1, default=float))
   if args.ship:
     shutil.copy(out / "params.json", TABLES_DIR / "zen5.json")
     print(f"shipped as {TABLES_DIR / 'zen5.json'}")

@@ -601,7 +601,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
   decode = lambda hexes: decode_blocks(hexes, progress=args.progress)  # noqa: E731
   fit_and_report(table, train, val, test, Path(args.out), config, init_name=args.init,
                  name=args.name, grow=args.grow, predictors=predictors, simulate=simulate,
-                 decode=decode, held_out=held, progress=args.progress, log=_say)
+                 decode=decode, held_out=held, progress=args.progress, log=_say,
+                 exact_rounds=args.exact)
   return 0
 
 
@@ -714,7 +715,12 @@ def build_parser() -> argparse.ArgumentParser:
                  help="writes DIR/params.json, DIR/loss.png, DIR/report.json and the "
                       "checkpoints; an interrupted fit into DIR resumes")
   p.add_argument("--name", default="fitted", help="CPU name written into params.json")
-  p.add_argument("--epochs", type=_positive_int, default=30)
+  p.add_argument("--epochs", type=_non_negative_int, default=30,
+                 help="gradient epochs (0: none, only the exact search)")
+  p.add_argument("--exact", type=_non_negative_int, default=0, metavar="ROUNDS",
+                 help="rounds of exact per-opcode search after the gradient fit: each "
+                      "opcode's latency, micro-ops and resource cycles move by one where "
+                      "the exact simulator improves on its training blocks (default 0)")
   p.add_argument("--batch-size", type=_positive_int, default=128)
   p.add_argument("--lr", type=float, default=0.1,
                  help="Adam's peak step size, cosine-decayed (default 0.1)")

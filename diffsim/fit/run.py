@@ -16,7 +16,13 @@ from diffsim.fit.learn import FitConfig, fit
 from diffsim.params.export import to_json
 from diffsim.params.table import Table, from_json
 
-Predictor = Callable[[Sequence], list]  # decoded blocks -> [(cycles or None, error)]
+Predictor = Callable[[Sequence], list]
+
+
+def jax_to_numpy(tree):
+  import jax
+
+  return jax.tree.map(np.asarray, tree)  # decoded blocks -> [(cycles or None, error)]
 
 
 def plot_history(histories: dict[str, list[dict]], path: Path) -> None:
@@ -86,8 +92,13 @@ def fit_and_report(table: Table, train, val, test, out: Path, config: FitConfig,
                    init_name: str, name: str, grow: bool, predictors: dict[str, Predictor],
                    simulate: Callable[[Table], Predictor], decode, held_out: str,
                    progress: bool, log=print,
-                   subsets: dict[str, np.ndarray] | None = None) -> dict:
+                   subsets: dict[str, np.ndarray] | None = None,
+                   exact_rounds: int = 0, exact_cap: int = 48) -> dict:
   """Fits, exports DIR/params.json, DIR/loss.png and DIR/report.json; returns the report.
+
+  The gradient fit (`config.epochs` > 0, then growth with `grow`) comes first; then
+  `exact_rounds` rounds of the exact per-opcode search (`diffsim.fit.exact`) on the
+  training blocks, the best round by validation error kept.
 
   Args:
     predictors: llvm-mca (or other) predictors reported beside diffsim's.
@@ -96,10 +107,13 @@ def fit_and_report(table: Table, train, val, test, out: Path, config: FitConfig,
     subsets: named masks over the held-out blocks, also scored (`held_out_report`).
   """
   out.mkdir(parents=True, exist_ok=True)
-  result = fit(table, train, val, out / "phase1", config, progress=progress, log=log)
-  histories = {"fit": result.history}
-  final_table, final_params, applied = table, result.params, {}
-  if grow:
+  histories: dict[str, list] = {}
+  final_table, final_params, applied = table, table.params, {}
+  if config.epochs:
+    result = fit(table, train, val, out / "phase1", config, progress=progress, log=log)
+    histories = {"fit": result.history}
+    final_params = result.params
+  if grow and config.epochs:
     histories = {"phase 1": result.history}
     plan = growth.suggest(table, result.params, table.params, result.counts)
     log(f"growth: {plan or 'no resource group asks for more units'}")
@@ -110,17 +124,30 @@ def fit_and_report(table: Table, train, val, test, out: Path, config: FitConfig,
                    config, progress=progress, log=log)
       histories["phase 2 (grown)"] = result.history
       final_table, final_params = grown, result.params
+  exact_history = []
+  if exact_rounds:
+    from diffsim.fit.exact import MOVES, refine
+    from diffsim.fit.learn import rounded
+
+    start = dataclasses.replace(final_table, params=jax_to_numpy(rounded(final_params)))
+    tr, va = decode(list(train.hex)), decode(list(val.hex)) if val is not None else None
+    refined = refine(start, tr, train.y, MOVES, rounds=exact_rounds, cap=exact_cap,
+                     val=(va, val.y) if va is not None else None, state_dir=out / "exact",
+                     log=log)
+    final_table, final_params, exact_history = refined.table, refined.table.params, \
+        refined.history
   n_train = len(train)
   doc = to_json(final_table, final_params, cpu=name,
                 source=f"diffsim fit from {init_name} on {n_train} measured blocks"
                        f"{f', grown {applied}' if applied else ''}, "
                        f"{datetime.date.today().isoformat()}")
   (out / "params.json").write_text(json.dumps(doc, indent=None, separators=(",", ":")))
-  plot_history(histories, out / "loss.png")
+  if histories:
+    plot_history(histories, out / "loss.png")
   learned = from_json(doc)
   target = test if test is not None else val
   report = dict(init=init_name, name=name, train_blocks=n_train, grown=applied,
-                held_out=held_out, history=histories)
+                held_out=held_out, history=histories, exact=exact_history)
   if target is not None and len(target):
     runs = dict(predictors)
     runs[f"diffsim {init_name} (initial table)"] = simulate(table)

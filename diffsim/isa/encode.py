@@ -35,6 +35,7 @@ import numpy as np
 from diffsim.isa import idioms
 from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import FLAGS, Block
+from diffsim.isa.memory import memory_edges
 from diffsim.params.table import READ_CLASSES, REG_KINDS, WRITE_ROLES
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
@@ -43,6 +44,7 @@ DEP_BUCKETS = (4, 8, 16, 32, 64)
 ALWAYS = 1 << 20
 # Writes per instruction that physical-register accounting sees (`vzeroall` has 16).
 MAX_WRITES = 16
+_MEM_ROLE, _MEM_CLASS = WRITE_ROLES.index("MEM"), READ_CLASSES.index("mem")
 GPR = {"RAX", "RBX", "RCX", "RDX", "RSI", "RDI", "RBP", "RSP"} | {f"R{i}" for i in range(8, 16)}
 
 
@@ -199,11 +201,15 @@ class Renaming:
       3: 6 and 6), since every eliminated write costs a micro-op.
     costs: (register family "xmm" / "ymm" / "zmm", physical registers one write takes)
       where a file says other than 1 (llvm-mca's per-class RegisterCost).
+    memory: each load also depends on the youngest older store whose bytes it reads
+      (`diffsim.isa.memory`; the table's `memory_dependences`), through the store's
+      MEM write role and the load's mem read class.
   """
 
   kinds: frozenset = frozenset()
   move_elim: frozenset = frozenset()
   costs: tuple[tuple[str, int], ...] = ()
+  memory: bool = False  # loads depend on the stores they read from (`isa.memory`)
 
   def cost(self, write) -> int:
     """Physical registers `write` (an ir.Write) takes in its file: a vector write by
@@ -219,7 +225,8 @@ _VEC_FAMILY = {128: "xmm", 256: "ymm", 512: "zmm"}
 def renaming_for(table) -> Renaming | None:
   """The Renaming of a `params.table.Table`, or None when it has no register files."""
   kinds = frozenset(k for ks in table.layout.file_kinds for k in ks)
-  if not kinds:
+  memory = bool(getattr(table.layout, "memory_dependences", False))
+  if not kinds and not memory:
     return None
   # The tables mark a key `move_elim` when llvm-mca eliminated it alone, so any file
   # that eliminates moves at all will eliminate it.
@@ -228,7 +235,7 @@ def renaming_for(table) -> Renaming | None:
   keys = table.layout.keys
   elim = frozenset(keys[k] for k in np.flatnonzero(flags)) if movers else frozenset()
   costs = tuple(pair for pairs in table.layout.file_costs for pair in pairs)
-  return Renaming(kinds=kinds, move_elim=elim, costs=costs)
+  return Renaming(kinds=kinds, move_elim=elim, costs=costs, memory=memory)
 
 
 # An eliminated swap aliases both of its registers to the one llvm-mca reads first
@@ -569,7 +576,7 @@ def encode_block(block: Block, keys: Mapping[str, int], renaming: Renaming | Non
   if not block.instrs:
     raise ValueError("the block is empty")
   key_of = key_of or key_lookup(keys)
-  if renaming is None:
+  if renaming is None or not renaming.kinds:
     deps = [[(*e, -1, 0, ALWAYS) for e in ds] for ds in dependencies(block)]
     alloc = [[True] * len(ins.writes) for ins in block.instrs]
     elim = [False] * len(block.instrs)
@@ -577,6 +584,9 @@ def encode_block(block: Block, keys: Mapping[str, int], renaming: Renaming | Non
     movable = [key_of(ins) in renaming.move_elim for ins in block.instrs]
     history, alloc, elim = _rename_history(block, renaming, movable)
     deps = _ranged_edges(history)
+  if renaming is not None and renaming.memory:
+    for c, stores in enumerate(memory_edges(block)):
+      deps[c] = deps[c] + [(p, dist, _MEM_ROLE, _MEM_CLASS, -1, 0, ALWAYS) for p, dist in stores]
   instrs, writes, edges = [], [], []
   for c, ins in enumerate(block.instrs):
     key = key_of(ins)

@@ -32,11 +32,14 @@ from flax import struct
 
 # Write roles with their own latency column. `op*` are explicit destinations; implicit
 # writes are keyed by register; everything else falls into "other".
+# "MEM" is a store's result as a later load sees it through memory (store-to-load
+# forwarding, `diffsim.isa.memory`): used only by tables with memory dependences on.
 WRITE_ROLES = ("op0", "op1", "op2", "EFLAGS", "RSP", "RAX", "RDX", "RCX", "RSI", "RDI", "RBX",
-               "other")
+               "other", "MEM")
 # Read classes with their own read-advance column: explicit register sources by
-# operand index, then the EFLAGS read, other implicit reads and address registers.
-READ_CLASSES = ("op0", "op1", "op2", "op3", "op4", "flags", "implicit", "addr")
+# operand index, then the EFLAGS read, other implicit reads, address registers and a
+# load's read of what an older store wrote ("mem", with memory dependences on).
+READ_CLASSES = ("op0", "op1", "op2", "op3", "op4", "flags", "implicit", "addr", "mem")
 # Register kinds that a register file can rename (`global.register_files[].classes`).
 REG_KINDS = ("gpr", "flags", "vec", "mmx", "mask", "x87", "other")
 
@@ -105,6 +108,9 @@ class Layout:
   unsupported: tuple[tuple[str, str], ...] = ()
   max_direct_units: int = 4  # most units one opcode uses directly (sets a loop length)
   max_kept_groups: int = 4  # most groups one opcode keeps after normalisation
+  # Loads depend on the older stores whose bytes they read (`diffsim.isa.memory`); off
+  # in llvm-mca's model, which never compares addresses.
+  memory_dependences: bool = False
 
   @property
   def num_resources(self) -> int:
@@ -116,7 +122,7 @@ class Layout:
 
   def __hash__(self):
     return hash((self.cpu, len(self.keys), self.units, self.groups, self.group_members,
-                 self.max_direct_units, self.max_kept_groups))
+                 self.max_direct_units, self.max_kept_groups, self.memory_dependences))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,7 +350,8 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
                        for f in files),
       unsupported=tuple(sorted(unsupported.items())),
       max_direct_units=max(1, int((cyc[:, :len(units)] > 0).sum(1).max(initial=0))),
-      max_kept_groups=max(1, int((cyc[:, len(units):] > 0).sum(1).max(initial=0))))
+      max_kept_groups=max(1, int((cyc[:, len(units):] > 0).sum(1).max(initial=0))),
+      memory_dependences=bool(g.get("memory_dependences", False)))
   # The resource model and globals as written, so that `export.to_json` can write
   # them back (the arrays keep only what the simulator needs).
   source = {"cpu": doc.get("cpu"), "source": doc.get("source"), "format": doc.get("format"),
@@ -353,8 +360,11 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
 
 
 def available_tables() -> list[str]:
-  """Names of the tables shipped with diffsim (`diffsim.params.load_table(name)`)."""
-  return sorted(p.stem for p in TABLES_DIR.glob("*.json"))
+  """Names of the tables shipped with diffsim (`diffsim.params.load_table(name)`), and
+  of the starting tables built from public facts (`diffsim.params.starts`)."""
+  from diffsim.params.starts import STARTS
+
+  return sorted({p.stem for p in TABLES_DIR.glob("*.json")} | set(STARTS))
 
 
 def load_json(cpu_or_path: str | Path) -> dict:
@@ -365,6 +375,11 @@ def load_json(cpu_or_path: str | Path) -> dict:
       raise FileNotFoundError(f"parameter file not found: {p}")
     return json.loads(p.read_text())
   shipped = TABLES_DIR / f"{cpu_or_path}.json"
+  from diffsim.params.starts import STARTS
+
+  if not shipped.exists() and str(cpu_or_path) in STARTS:
+    base, change = STARTS[str(cpu_or_path)]
+    return change(load_json(base))
   if not shipped.exists():
     raise ValueError(f"unknown CPU table {cpu_or_path!r}: shipped tables are "
                      f"{', '.join(available_tables())}; or pass a JSON file path")

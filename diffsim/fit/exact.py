@@ -1,0 +1,394 @@
+"""Exact integer moves: per-opcode coordinate search with the hard simulator.
+
+Gradients through a rounded table propose, but only the hard simulator decides: a
+table's integers (an opcode's micro-ops, latencies, resource cycles, which resource
+group it issues to) change only where the change makes the exact simulator better on
+the training blocks that use that opcode. Blocks are indexed by opcode, so a move is
+judged on its own blocks alone, and many opcodes are judged in one simulator call: the
+opcodes of one call share no block (a greedy colouring of the opcode co-occurrence
+graph), so each block's change is that of its one moved opcode.
+
+The objective is the metric that is reported: MAPE of the steady-state throughput
+(BHive's definition, 100 and 200 iterations) against the measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from diffsim.isa.encode import key_lookup, renaming_for
+from diffsim.params.table import READ_CLASSES, WRITE_ROLES, Params, Table
+
+# Latency columns a latency move shifts: every write role except the stack pointer's,
+# whose latency is the stack engine's business (0 where push/pop do not serialise).
+_SHIFTED_ROLES = np.array([r != "RSP" for r in WRITE_ROLES])
+# Read-advance columns an advance move shifts: the explicit register sources (a store's
+# data, a load-op's register operand), not flags, implicit reads or addresses.
+_EXPLICIT_READS = np.array([c.startswith("op") for c in READ_CLASSES])
+_PER_KEY = ("uops", "latency", "read_advance", "res_cycles")
+
+
+@dataclasses.dataclass(frozen=True)
+class Move:
+  """One kind of change to one opcode's row: `field` by `delta` (see `apply`)."""
+
+  field: str  # "latency" | "uops" | "cycles" | "pipelined" | "advance"
+  delta: int = 0
+
+  def __str__(self) -> str:
+    return self.field if self.field == "pipelined" else f"{self.field} {self.delta:+d}"
+
+
+# The moves of `diffsim fit --exact`, in the order each round tries them.
+MOVES = (Move("latency", -1), Move("latency", +1), Move("uops", -1), Move("uops", +1),
+         Move("cycles", -1), Move("cycles", +1), Move("pipelined"), Move("advance", +1),
+         Move("advance", -1))
+
+
+def apply(p: dict[str, np.ndarray], k: int, move: Move) -> bool:
+  """Applies `move` to opcode row `k` of the numpy table `p` in place; False where it
+  does not apply (the value would leave its physical range, or nothing would change)."""
+  if move.field == "latency":
+    row = p["latency"][k]
+    new = np.where(_SHIFTED_ROLES, np.maximum(row + move.delta, 0), row)
+    if np.array_equal(new, row):
+      return False
+    p["latency"][k] = new
+  elif move.field == "pipelined":  # every resource it uses held for one cycle
+    row = p["res_cycles"][k]
+    new = np.where(row > 0, 1.0, 0.0)
+    if np.array_equal(new, row):
+      return False
+    p["res_cycles"][k] = new
+  elif move.field == "advance":  # read-advance of the explicit register sources
+    row = p["read_advance"][k]
+    new = np.where(_EXPLICIT_READS, row + move.delta, row)
+    if new[_EXPLICIT_READS].min() < min(row[_EXPLICIT_READS].min(), 0) or \
+        new[_EXPLICIT_READS].max() > 8:
+      return False
+    p["read_advance"][k] = new
+  elif move.field == "uops":
+    new = p["uops"][k] + move.delta
+    if new < 1:
+      return False
+    p["uops"][k] = new
+  elif move.field == "cycles":
+    row = p["res_cycles"][k]
+    used = row > 0
+    if not used.any():
+      return False
+    new = np.where(used, np.maximum(row + move.delta, 1), 0)
+    if np.array_equal(new, row):
+      return False
+    p["res_cycles"][k] = new
+  else:
+    raise ValueError(f"unknown move field {move.field!r}")
+  return True
+
+
+def _numpy(params: Params) -> dict[str, np.ndarray]:
+  return {f.name: np.array(getattr(params, f.name), np.float32)
+          for f in dataclasses.fields(params)}
+
+
+def _table(table: Table, p: dict[str, np.ndarray]) -> Table:
+  return dataclasses.replace(table, params=Params(**p))
+
+
+def _shape(e) -> tuple[int, int, int]:
+  from diffsim.isa.encode import DEP_BUCKETS, _bucket, bucket_length
+
+  L = bucket_length(e.length)
+  D = _bucket(max(e.max_deps, 1), DEP_BUCKETS + (128, 256))
+  C = max(min(L, 32), _bucket(max(e.max_uses, 1), DEP_BUCKETS + (128, 256)))
+  return L, D, C
+
+
+class Judge:
+  """Steady-state throughputs of a fixed set of blocks under tables of one layout, in
+  fixed shapes: every block is encoded once, and any subset runs as jobs of `job`
+  blocks per bucket length (padded with blocks of zero iterations), so that a search
+  that calls it thousands of times compiles one program per bucket length."""
+
+  def __init__(self, table: Table, blocks: Sequence, job: int = 256):
+    from diffsim.sim.api import _encoded
+
+    supported = np.asarray(table.structure.supported)
+    renaming, key_of = renaming_for(table), key_lookup(table.layout.index)
+    self.encodings = [_encoded(table, b, supported, renaming, key_of) for b in blocks]
+    self.errors = {i: e for i, e in enumerate(self.encodings) if isinstance(e, str)}
+    # Each block's program shape: its bucket length, deps and consumers per instruction
+    # (few shapes, so few compilations; a block runs with no more slots than it needs).
+    self.shape = [None if isinstance(e, str) else _shape(e) for e in self.encodings]
+    self.job = job
+
+  def keys(self, i: int) -> np.ndarray:
+    """The distinct opcode rows block i uses (none for a block that cannot run)."""
+    e = self.encodings[i]
+    return np.zeros(0, int) if isinstance(e, str) else np.unique([r[1] for r in e.instrs])
+
+  def __call__(self, table: Table, ids: Sequence[int], iterations: int = 100,
+               moved: Sequence[int] | None = None) -> np.ndarray:
+    """[len(ids)] steady cycles per 100 iterations; NaN where a block cannot run or
+    overflowed its cycle budget. `moved[j]` (>= 0): block ids[j] runs with its opcode
+    row moved[j] replaced by that row's variant (`variants`), in `table`, a table
+    with variant rows."""
+    import jax
+
+    from diffsim.isa.encode import assemble
+    from diffsim.sim.api import simulate
+
+    ids = np.asarray(ids, int)
+    out = np.full(len(ids), np.nan)
+    groups: dict[tuple, list[int]] = {}
+    for j, i in enumerate(ids.tolist()):
+      if self.shape[i] is not None:
+        groups.setdefault(self.shape[i], []).append(j)
+    for (L, D, C), pos in sorted(groups.items()):
+      pos = np.array(pos)
+      for s in range(0, len(pos), self.job):
+        part = pos[s:s + self.job]
+        encs = [self.encodings[i] for i in ids[part]]
+        if moved is not None:
+          K = len(table.layout.keys) // 2
+          encs = [_remapped(e, int(k), K + int(k)) if k >= 0 else e
+                  for e, k in zip(encs, np.asarray(moved)[part])]
+        encs += [encs[0]] * (self.job - len(encs))
+        batch = assemble(encs, length=L, max_deps=D, max_uses=C)
+        batch = jax.tree.map(lambda x: np.concatenate([x, x]), batch)
+        m = len(part)
+        its = np.zeros(2 * self.job, np.int32)
+        its[:m], its[self.job:self.job + m] = iterations, 2 * iterations
+        cyc, ovf = simulate(table, batch, its)
+        val = 100.0 * (cyc[self.job:self.job + m] - cyc[:m]) / iterations
+        out[part] = np.where(ovf[:m] | ovf[self.job:self.job + m], np.nan, val)
+    return out
+
+
+def _remapped(e, old: int, new: int):
+  """An encoding whose instructions of opcode row `old` use row `new` instead."""
+  return dataclasses.replace(e, instrs=tuple((c, new if k == old else k, *rest)
+                                             for c, k, *rest in e.instrs))
+
+
+def variants(table: Table) -> Table:
+  """`table` with each opcode row doubled: rows K..2K-1 are copies that a search
+  changes, so that every opcode's candidate move runs in one simulator call."""
+  import jax
+
+  twice = lambda x: np.concatenate([np.asarray(x)] * 2)  # noqa: E731
+  per_key = {f.name for f in dataclasses.fields(Params)} & {"uops", "latency", "read_advance",
+                                                            "res_cycles"}
+  params = table.params.replace(**{k: twice(getattr(table.params, k)) for k in per_key})
+  structure = jax.tree.map(twice, table.structure)
+  layout = dataclasses.replace(table.layout, keys=table.layout.keys
+                               + tuple(f"{k}~moved" for k in table.layout.keys))
+  return dataclasses.replace(table, params=params, structure=structure, layout=layout)
+
+
+def _errors(pred: np.ndarray, y: np.ndarray) -> np.ndarray:
+  """Per-block absolute relative error; a block the simulator could not run costs 1."""
+  e = np.abs(pred - y) / y
+  return np.where(np.isfinite(e), e, 1.0)
+
+
+@dataclasses.dataclass
+class BlockIndex:
+  """Which opcode rows each block uses, and which blocks judge each row."""
+
+  keys: list[np.ndarray]  # per block: distinct opcode rows
+  judges: dict[int, np.ndarray]  # row -> blocks (a seeded sample of at most `cap`)
+
+  @classmethod
+  def build(cls, judge: Judge, cap: int, seed: int = 0) -> "BlockIndex":
+    keys = [judge.keys(i) for i in range(len(judge.encodings))]
+    users: dict[int, list[int]] = {}
+    for i, ks in enumerate(keys):
+      for k in ks:
+        users.setdefault(int(k), []).append(i)
+    rng = np.random.default_rng(seed)
+    judges = {}
+    for k, ids in users.items():
+      ids = np.array(ids)
+      judges[k] = np.sort(rng.choice(ids, cap, replace=False)) if len(ids) > cap else ids
+    return cls(keys, judges)
+
+  def colour(self, rows: Sequence[int]) -> list[list[int]]:
+    """Rows in classes in which no judging block of one member uses another member."""
+    classes: list[tuple[set, set]] = []  # (members, rows used by the members' judges)
+    for k in sorted(rows, key=lambda k: -len(self.judges[k])):
+      seen = set(np.concatenate([self.keys[b] for b in self.judges[k]]).tolist())
+      for members, used in classes:
+        if k not in used and members.isdisjoint(seen):
+          members.add(k)
+          used.update(seen)
+          break
+      else:
+        classes.append(({k}, seen))
+    return [sorted(m) for m, _ in classes]
+
+
+@dataclasses.dataclass
+class Refined:
+  """What an exact search produced: the table chosen by validation error, and each
+  step's record."""
+
+  table: Table
+  history: list[dict]
+  val_mape: float | None
+
+
+def _save(state_dir, p: dict, best: dict, done: dict) -> None:
+  """Atomically writes the search state: current and best tables, and the record."""
+  import json
+  import os
+
+  state_dir.mkdir(parents=True, exist_ok=True)
+  tmp = state_dir / "tables.tmp.npz"
+  np.savez(tmp, **{f"p_{k}": v for k, v in p.items()}, **{f"b_{k}": v for k, v in best.items()})
+  os.replace(tmp, state_dir / "tables.npz")
+  (state_dir / "state.tmp.json").write_text(json.dumps(done, indent=1))
+  os.replace(state_dir / "state.tmp.json", state_dir / "state.json")
+
+
+def _load(state_dir):
+  import json
+
+  try:
+    done = json.loads((state_dir / "state.json").read_text())
+    z = np.load(state_dir / "tables.npz")
+  except (FileNotFoundError, ValueError):
+    return None
+  pick = lambda prefix: {k[2:]: z[k] for k in z.files if k.startswith(prefix)}  # noqa: E731
+  return pick("p_"), pick("b_"), done
+
+
+def _independent(gains: dict[int, float], index: BlockIndex, min_gain: float) -> list[int]:
+  """The moves to keep: those that gain at least `min_gain`, best first, skipping any
+  whose judging blocks use an opcode already kept (or that sits in theirs), so that
+  each kept move was judged with the others as they will be."""
+  kept: set = set()
+  seen: set = set()  # opcodes in the judging blocks of kept moves
+  for k in sorted(gains, key=lambda k: -gains[k]):
+    if gains[k] < min_gain:
+      break
+    mine = set(np.concatenate([index.keys[b] for b in index.judges[k]]).tolist())
+    if k not in seen and kept.isdisjoint(mine):
+      kept.add(k)
+      seen |= mine
+  return sorted(kept)
+
+
+def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move], *,
+           rounds: int = 2, cap: int = 48, min_blocks: int = 3, min_gain: float = 0.002,
+           val: tuple[Sequence, np.ndarray] | None = None, state_dir=None,
+           frozen: Callable[[int], bool] | None = None, passes: int = 4,
+           log=print) -> Refined:
+  """Coordinate search over per-opcode integers, judged by the exact simulator.
+
+  Each round tries every move on every opcode that enough training blocks use; a move
+  stays where it lowers the error of the opcode's judging blocks. After each round
+  the table is scored on the validation blocks, and the best round's table is the
+  result (the metric is the reported one: steady-state MAPE of the exact simulator).
+
+  Args:
+    table: the starting table (integers; its structure and layout are kept).
+    blocks: decoded training blocks; y: their measured cycles per 100 iterations.
+    moves: the moves tried on every opcode, in order, each round.
+    cap: blocks (a seeded sample) that judge one opcode's move.
+    min_blocks: opcodes used by fewer training blocks never move (too little evidence).
+    min_gain: a move is kept when it lowers the mean relative error of its judging
+      blocks by at least this much (0.002 = 0.2 points of MAPE on those blocks).
+    val: (blocks, y) for model selection; without it the last round's table is kept.
+    state_dir: where the search keeps its state after every move kind; a search
+      started again with the same arguments resumes from it.
+    frozen: rows that never move.
+    passes: how often one move kind is judged again for the opcodes whose gain a
+      better, overlapping opcode's kept move blocked.
+  """
+  from pathlib import Path
+
+  y = np.asarray(y, np.float64)
+  judge = Judge(table, blocks)
+  index = BlockIndex.build(judge, cap)
+  p = _numpy(table.params)
+  best, done = {k: v.copy() for k, v in p.items()}, dict(steps=0, history=[], best=None)
+  state_dir = Path(state_dir) if state_dir else None
+  if state_dir and (saved := _load(state_dir)):
+    p, best, done = saved
+    log(f"exact search: resuming after {done['steps']} steps from {state_dir}")
+  val_judge = Judge(table, val[0]) if val is not None else None
+
+  def val_mape(params) -> float:
+    ids = np.arange(len(val[0]))
+    return float(_errors(val_judge(_table(table, params), ids), np.asarray(val[1])).mean())
+
+  rows = [k for k, ids in index.judges.items() if len(ids) >= min_blocks
+          and not (frozen and frozen(k))]
+  doubled, K = variants(table), len(table.layout.keys)
+  # Only the judging blocks decide anything, so only they are kept up to date.
+  judged = np.unique(np.concatenate([index.judges[k] for k in rows]))
+  t0 = time.time()
+  err = np.zeros(len(blocks))
+  err[judged] = _errors(judge(_table(table, p), judged), y[judged])
+  if done["best"] is None and val is not None:
+    done["best"] = dict(round=-1, val=val_mape(p))
+  log(f"exact search: {len(rows)} opcodes judged by {len(judged)} of {len(blocks)} blocks, "
+      f"their MAPE {100 * err[judged].mean():.2f}%"
+      + (f", validation {100 * done['best']['val']:.2f}%" if val is not None else "")
+      + f" ({time.time() - t0:.0f} s)")
+  step = 0
+  for r in range(rounds):
+    for move in moves:
+      step += 1
+      if step <= done["steps"]:
+        continue
+      t0 = time.time()
+      kept, pending, tried = [], rows, 0
+      for _ in range(passes):
+        # Every pending opcode's move at once, each on its own variant row; those that
+        # gain and share no block with a better one are kept. The good ones a better
+        # one blocked are judged again against the table with the kept moves.
+        q = {name: np.concatenate([a, a]) if name in _PER_KEY else a for name, a in p.items()}
+        moved = [k for k in pending if apply(q, K + k, move)]
+        if not moved:
+          break
+        tried = max(tried, len(moved))
+        ids = np.concatenate([index.judges[k] for k in moved])
+        which = np.concatenate([np.full(len(index.judges[k]), k) for k in moved])
+        gain = err[ids] - _errors(judge(_table(doubled, q), ids, moved=which), y[ids])
+        gains = {k: gain[which == k].mean() for k in moved}
+        now = _independent(gains, index, min_gain)
+        if not now:
+          break
+        for k in now:
+          apply(p, k, move)
+        kept += now
+        # Re-judge the judging blocks that a kept move touches.
+        touched = judged[np.isin(judged, np.flatnonzero(
+            [np.isin(ks, now).any() for ks in index.keys]))]
+        err[touched] = _errors(judge(_table(table, p), touched), y[touched])
+        pending = [k for k in moved if gains[k] >= min_gain and k not in now]
+      rec = dict(round=r, move=str(move), tried=tried, kept=len(kept),
+                 train=float(err[judged].mean()), seconds=time.time() - t0)
+      if move is moves[-1] and val is not None:
+        rec["val"] = val_mape(p)
+        if rec["val"] < done["best"]["val"]:
+          done["best"] = dict(round=r, val=rec["val"])
+          best = {k: v.copy() for k, v in p.items()}
+      elif val is None:
+        best = {k: v.copy() for k, v in p.items()}
+      done["history"].append(rec)
+      done["steps"] = step
+      log(f"  round {r} {move}: kept {len(kept)} of {tried}, train MAPE "
+          f"{100 * rec['train']:.2f}%" + (f", validation {100 * rec['val']:.2f}%"
+                                          if "val" in rec else "")
+          + f" ({rec['seconds']:.0f} s)")
+      if state_dir:
+        _save(state_dir, p, best, done)
+  return Refined(_table(table, best), done["history"],
+                 done["best"]["val"] if done["best"] else None)

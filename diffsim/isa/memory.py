@@ -1,0 +1,161 @@
+"""Which loads read what an earlier store wrote, in the measurement harness's setting.
+
+llvm-mca never compares addresses. Real CPUs do: a load that reads bytes an older
+store wrote gets them forwarded from the store (or, with memory renaming, from the
+store's source register), so a store, a load and the operations between them can form
+a dependence chain through memory, across iterations too. Both the Zen 5 data's
+harness and `diffsim measure` start every general-purpose register except rsp at one
+address A and fill memory with A, so which accesses overlap is decidable: every
+register value is tracked as a linear form `a*A + s*S + c` (S: the initial rsp) through
+the looped block, and unknown once an instruction computes anything else.
+
+`memory_edges` gives, per load, the store it reads from: the youngest older store
+(this iteration, or the previous one) whose bytes overlap the load's. The simulator
+turns each into a dependence edge when the CPU table enables memory dependences.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from diffsim.isa.ir import Block, Instr
+
+Value = Optional[tuple[int, int, int]]  # (a, s, c): a*A + s*S + c; None = unknown
+
+_IMM = re.compile(r"\$(-?(?:0x[0-9a-f]+|\d+))")
+_ADDR = re.compile(r"(-?(?:0x[0-9a-f]+|\d+))?\(")
+_SCALE = re.compile(r",(\d)\)")
+_GPRS = ("RAX", "RBX", "RCX", "RDX", "RSI", "RDI", "RBP", "RSP") + tuple(f"R{i}" for i in range(8, 16))
+
+
+def _num(text: str) -> int:
+  return int(text, 16) if "0x" in text else int(text)
+
+
+def _add(x: Value, y: Value, k: int = 1) -> Value:
+  if x is None or y is None:
+    return None
+  return (x[0] + k * y[0], x[1] + k * y[1], x[2] + k * y[2])
+
+
+def _const(c: int) -> Value:
+  return (0, 0, c)
+
+
+def start_state() -> dict[str, Value]:
+  """Register values when a measured block starts: every GPR A, rsp S."""
+  state = {r: (1, 0, 0) for r in _GPRS}
+  state["RSP"] = (0, 1, 0)
+  return state
+
+
+def _address(base: Optional[str], index: Optional[str], scale: int, disp: int,
+             state: dict[str, Value]) -> Value:
+  if base in ("RIP", "EIP") or (base and base not in state) or (index and index not in state):
+    return None
+  v: Value = _const(disp)
+  if base:
+    v = _add(v, state[base])
+  if index:
+    v = _add(v, state[index], scale)
+  return v
+
+
+def _imm(ins: Instr) -> Optional[int]:
+  m = _IMM.search(ins.text)
+  return _num(m.group(1)) if m else None
+
+
+def _result(ins: Instr, state: dict[str, Value], dst: str) -> Value:
+  """The value `ins` writes to GPR `dst`, where it is a linear form of known values."""
+  srcs = [r.reg for r in ins.reads if r.role.startswith("op") and r.reg != dst and r.reg in state]
+  name = ins.mnemonic
+  if ins.zero_idiom:
+    return _const(0)
+  if ins.loads and name in ("mov", "pop") and not ins.mem[0].store:
+    # Memory holds A everywhere (the harness fills it so); a byte or word load does not.
+    return (1, 0, 0) if ins.mem and ins.mem[0].size in (4, 8) else None
+  imm = _imm(ins)
+  if name == "mov" and not ins.mem:
+    if imm is not None:
+      return _const(imm)
+    return state[srcs[0]] if len(srcs) == 1 else None
+  if name == "lea":
+    base = next((r.reg for r in ins.reads if r.role == "base"), None)
+    index = next((r.reg for r in ins.reads if r.role == "index"), None)
+    m, s = _ADDR.search(ins.text), _SCALE.search(ins.text)
+    return _address(base, index, int(s.group(1)) if s else 1,
+                    _num(m.group(1)) if m and m.group(1) else 0, state)
+  if ins.mem:  # read-modify-write of a register from memory: not tracked
+    return None
+  if name in ("add", "sub"):
+    k = 1 if name == "add" else -1
+    if imm is not None:
+      return _add(state[dst], _const(imm), k)
+    return _add(state[dst], state[srcs[0]], k) if len(srcs) == 1 else None
+  if name in ("inc", "dec"):
+    return _add(state[dst], _const(1 if name == "inc" else -1))
+  return None
+
+
+def step(ins: Instr, state: dict[str, Value]) -> None:
+  """Advances the register values over one instruction."""
+  new = {}
+  for w in ins.writes:
+    if w.reg not in state or w.reg in new:
+      continue
+    if w.reg == "RSP" and ins.stack:
+      delta = -8 if ins.mnemonic in ("push", "call") else 8 if ins.mnemonic in ("pop", "ret") \
+          else None
+      new["RSP"] = _add(state["RSP"], _const(delta)) if delta is not None else None
+    elif w.merge or (w.width and w.width < 32):
+      new[w.reg] = None  # a partial write leaves a value we do not track
+    else:
+      new[w.reg] = _result(ins, state, w.reg)
+  state.update(new)
+
+
+def accesses(block: Block, iterations: int = 2) -> list[list[list[tuple]]]:
+  """[iteration][instruction] -> [(value, size, load, store)] of its memory operands
+  whose address is known."""
+  state = start_state()
+  out = []
+  for _ in range(iterations):
+    mine = []
+    for ins in block.instrs:
+      acc = []
+      for m in ins.mem:
+        if m.segment not in (None, "", "ds", "ss", "DS", "SS"):
+          continue
+        base = m.base
+        v = _address(base, m.index, m.scale, m.disp, state)
+        if v is not None:
+          acc.append((v, m.size or 8, m.load, m.store))
+      mine.append(acc)
+      step(ins, state)
+    out.append(mine)
+  return out
+
+
+def _overlap(x: tuple, y: tuple) -> bool:
+  (vx, nx, *_), (vy, ny, *_) = x, y
+  return vx[:2] == vy[:2] and vx[2] < vy[2] + ny and vy[2] < vx[2] + nx
+
+
+def memory_edges(block: Block) -> list[list[tuple[int, int]]]:
+  """Per instruction: [(store, distance)] for each of its loads that reads bytes an
+  older store wrote (the youngest such store; distance 0 this iteration, 1 the
+  previous one)."""
+  acc = accesses(block)
+  n = len(block.instrs)
+  out: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+  for c in range(n):
+    for load in (a for a in acc[1][c] if a[2]):
+      older = [(p, 0) for p in range(c - 1, -1, -1)] + [(p, 1) for p in range(n - 1, c - 1, -1)]
+      for p, dist in older:
+        if any(a[3] and _overlap(a, load) for a in acc[1 - dist][p]):
+          if (p, dist) not in out[c]:
+            out[c].append((p, dist))
+          break
+  return out
