@@ -10,7 +10,7 @@ exact simulator with the rounded table, and the distance of the table's numbers 
 skylake's own, on the opcodes the training blocks use (the only ones a fit can learn).
 
   python benchmarks/fit_recovery.py [--epochs 8] [--limit N] [--out DIR] [--random-seed 0]
-      [--lr 0.1] [--prior 0] [--starts haswell random]
+      [--lr 0.1] [--prior 0] [--starts haswell random] [--exact ROUNDS]
 
 Resource columns are compared where the names match after HW -> SKL; the structure
 (which resources an opcode uses, reservations, the SKLPort05 group haswell lacks)
@@ -197,6 +197,9 @@ def main(argv=None) -> int:
                   help="pull towards the start table (0: none, as in DiffTune)")
   ap.add_argument("--starts", nargs="+", default=["haswell", "random"],
                   choices=["haswell", "random"])
+  ap.add_argument("--exact", type=int, default=0, metavar="ROUNDS",
+                  help="instead of the gradient fit, this many rounds of the exact "
+                       "per-opcode search (diffsim.fit.exact)")
   args = ap.parse_args(argv)
   _compile_cache()
   out = args.out or Path(tempfile.mkdtemp(prefix="fit_recovery_"))
@@ -240,6 +243,18 @@ def main(argv=None) -> int:
     report(f"{start} before", rounded_table(table, table.params, start),
            lambda t: dist(t.params))
     t0 = time.perf_counter()
+    if args.exact:
+      from diffsim.fit.exact import MOVES, refine
+
+      start_table = rounded_table(table, table.params, start)
+      refined = refine(start_table, decode_blocks(list(train.hex)), train.y, MOVES,
+                       rounds=args.exact, val=(decode_blocks(list(val.hex)), val.y),
+                       state_dir=out / start / "exact",
+                       log=lambda s: print(f"    {s}", flush=True))
+      timing[start] = {"total": time.perf_counter() - t0, "epochs": []}
+      report(f"{start} after exact search ({args.exact} rounds)", refined.table,
+             lambda t: dist(t.params))
+      continue
     result = fit(table, train, val, out / start, config, progress=False,
                  log=lambda s: print(f"    {s}", flush=True))
     total = time.perf_counter() - t0

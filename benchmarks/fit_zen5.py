@@ -1,5 +1,5 @@
-"""Learning a Zen 5 table from real measurements, against black-box models, on held-out
-blocks.
+"""Learning a Zen 5 (or Xeon 6) table from real measurements, against black-box models,
+on held-out blocks.
 
 Data: ../shared/data/measured/zen5-measured.csv (or the shipped 3,000-block sample
 when ../shared is absent), split 80/10/10 by block hash with seed 0, and one
@@ -16,7 +16,9 @@ gradient-boosted trees on opcode counts trained on the same training blocks
 (`diffsim.fit.trees`), the previously shipped table (`--compare`), the starting table
 and the fitted one; MAPE, Kendall tau and within-5%, overall and per category.
 
-  python benchmarks/fit_zen5.py [--exact 2] [--out runs/zen5-bench] [--ship]
+  python benchmarks/fit_zen5.py [--exact 3] [--out runs/zen5-bench] [--ship]
+  python benchmarks/fit_zen5.py --data graniterapids-measured.csv --name graniterapids \
+      --init graniterapids-facts --compare '' --mca-models skylake --out runs/gnr-bench
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ from diffsim.isa import decode_blocks
 from diffsim.params.table import TABLES_DIR, load_table
 
 
-def measured():
+def measured(name: str):
   shared = shared_data_dir()
-  if shared is not None and (shared / "measured" / "zen5-measured.csv").exists():
-    return load_csv(shared / "measured" / "zen5-measured.csv")
+  if shared is not None and (shared / "measured" / name).exists():
+    return load_csv(shared / "measured" / name)
+  if name != "zen5-measured.csv":
+    raise SystemExit(f"../shared/data/measured/{name} not found")
   print("../shared not found: using the shipped 3,000-block sample")
   return load_csv(shipped("zen5-small.csv"))
 
@@ -84,16 +88,19 @@ def table_rows(results: dict[str, np.ndarray], y: np.ndarray, cats: dict) -> lis
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--data", default="zen5-measured.csv",
+                  help="a file of ../shared/data/measured (graniterapids-measured.csv: the Xeon 6)")
+  ap.add_argument("--name", default="zen5", help="the fitted table's CPU name")
   ap.add_argument("--init", default="zen5-facts")
   ap.add_argument("--compare", default="zen5", help="a shipped table reported beside (or '')")
-  ap.add_argument("--exact", type=int, default=2, help="rounds of the exact search")
+  ap.add_argument("--exact", type=int, default=3, help="rounds of the exact search")
   ap.add_argument("--cap", type=int, default=48, help="judging blocks per opcode")
   ap.add_argument("--app", default="redis-server", help="application held out entirely")
   ap.add_argument("--train-limit", type=int, default=0, help="training blocks (0 = all)")
   ap.add_argument("--mca-models", default="znver3")
   ap.add_argument("--out", default="runs/zen5-bench")
   ap.add_argument("--ship", action="store_true",
-                  help="copy the fitted table to diffsim/params/tables/zen5.json")
+                  help="copy the fitted table to diffsim/params/tables/NAME.json")
   args = ap.parse_args()
   tune_xla()
   _enable_compile_cache()
@@ -103,7 +110,7 @@ def main() -> None:
 
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  ds = measured()
+  ds = measured(args.data)
   apps = np.asarray(ds.extra.get("source_app", [""] * len(ds)))
   spread = np.asarray(ds.extra.get("spread", [0.0] * len(ds)), np.float64)
   part = split_ids(ds.hex, seed=0)
@@ -130,9 +137,9 @@ def main() -> None:
   refined = refine(start, take(train_ids), ds.y[train_ids], MOVES, rounds=args.exact,
                    cap=args.cap, val=(take(val_ids), ds.y[val_ids]), state_dir=out / "exact")
   fit_s = time.time() - t0
-  doc = to_json(refined.table, cpu="zen5",
+  doc = to_json(refined.table, cpu=args.name,
                 source=f"diffsim.fit.exact from {args.init} on {len(train_ids)} measured "
-                       f"Zen 5 blocks (zen5-measured.csv, split seed 0, {args.app} held out), "
+                       f"blocks ({args.data}, split seed 0, {args.app} held out), "
                        f"{args.exact} rounds")
   (out / "params.json").write_text(json.dumps(doc, separators=(",", ":")))
   (out / "history.json").write_text(json.dumps(refined.history, indent=1))
@@ -165,8 +172,8 @@ def main() -> None:
   report["fit_seconds"], report["history"] = fit_s, refined.history
   (out / "report.json").write_text(json.dumps(report, indent=1, default=float))
   if args.ship:
-    shutil.copy(out / "params.json", TABLES_DIR / "zen5.json")
-    print(f"shipped as {TABLES_DIR / 'zen5.json'}")
+    shutil.copy(out / "params.json", TABLES_DIR / f"{args.name}.json")
+    print(f"shipped as {TABLES_DIR / f'{args.name}.json'}")
 
 
 if __name__ == "__main__":

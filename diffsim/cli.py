@@ -724,8 +724,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--batch-size", type=_positive_int, default=128)
   p.add_argument("--lr", type=float, default=0.1,
                  help="Adam's peak step size, cosine-decayed (default 0.1)")
-  p.add_argument("--prior", type=float, default=1e-3,
-                 help="weight of the pull towards the initial table (default 1e-3)")
+  p.add_argument("--prior", type=float, default=1.0,
+                 help="pull towards the initial table, in training blocks' worth of "
+                      "evidence per parameter (default 1)")
   p.add_argument("--tau", type=float, default=0.5,
                  help="soft-mode temperature in cycles (0: exact max; default 0.5)")
   p.add_argument("--straight-through", action="store_true",

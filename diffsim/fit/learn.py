@@ -40,7 +40,10 @@ class FitConfig:
   epochs: int = 30
   batch_size: int = 128
   lr: float = 0.1  # Adam's peak step (cycles), cosine-decayed to lr / 10
-  prior: float = 1e-3  # weight of the squared distance from the initial table
+  # The pull towards the initial table, in blocks' worth of evidence: each parameter's
+  # squared distance from its start weighs as much as `prior` training blocks' error,
+  # so a parameter that 50 blocks exercise moves and one that none does stays.
+  prior: float = 1.0
   tau: float = 0.5  # soft-mode temperature, in cycles
   straight_through: bool = False  # exact forward, tempered backward
   quantize: bool = True  # fit the rounded table: integers forward, identity backward
@@ -299,7 +302,7 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
       value, _, grad = loss_and_grad(params, structure, mb.batch, traces, mb.iterations, mb.y,
                                      mb.weight, layout=layout, tau=config.tau,
                                      straight_through=config.straight_through, init=init,
-                                     prior=config.prior, quantize=config.quantize)
+                                     prior=config.prior / n_train, quantize=config.quantize)
       grad = _mask_grad(grad, config.trainable)
       updates, opt_state = opt.update(grad, opt_state, params)
       params = project(optax.apply_updates(params, updates), init, window)

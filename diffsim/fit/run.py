@@ -157,5 +157,5 @@ def fit_and_report(table: Table, train, val, test, out: Path, config: FitConfig,
     print(format_report(rows, f"held-out blocks ({held_out}), steady state vs measured:"))
   (out / "report.json").write_text(json.dumps(report, indent=1, default=float))
   log(f"wrote {out / 'params.json'} (use: --params {out / 'params.json'}), "
-      f"{out / 'loss.png'}, {out / 'report.json'}")
+      + (f"{out / 'loss.png'}, " if histories else "") + f"{out / 'report.json'}")
   return report

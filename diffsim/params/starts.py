@@ -76,17 +76,67 @@ def zen5_facts(znver3: dict) -> dict:
       res = [["Zn3ALU0123", 1]]
     if re.fullmatch(r"(ADD|SUB|AND|OR|XOR)(8i8|16i16|32i32|64i32)", base):
       res = [["Zn3ALU0123", 1]]  # znver3 holds an ALU 4 cycles; ADD T 0.19 (ILX)
-    if op.get("may_store") and not op.get("may_load"):
-      # A store's address and data are separate micro-ops: its data can arrive after
-      # it issues (a PUSH+POP pair L 0.56, ILX), as a read-advance of the data source.
-      op.setdefault("read_advance", {})["op"] = 5
-    if base.startswith(("PUSH", "POP", "CALL", "RET")) and not base.startswith("POPCNT"):
-      op.setdefault("write_latency", {})["RSP"] = 0
+    _stack_engine_and_store_data(key, op)
     if res:
       op["resources"] = res
     op.pop("kept", None)
   return d
 
 
+def _stack_engine_and_store_data(key: str, op: dict) -> None:
+  """What every current x86 core does and llvm-mca's models lack, on one opcode:
+  - a stack engine: push, pop, call and ret update rsp at rename, with no 1-cycle chain
+    through the ALUs (Zen 5: PUSH T 0.5, POP T 0.25, ILX; Intel since the Pentium M);
+  - a store's address and data are separate micro-ops, so its data can arrive after it
+    issues (Zen 5: a PUSH+POP pair L 0.56, ILX): read-advance 5 on a plain store's
+    explicit data sources."""
+  base = key.split("@")[0]
+  if base.startswith(("PUSH", "POP", "CALL", "RET")) and not base.startswith("POPCNT"):
+    op.setdefault("write_latency", {})["RSP"] = 0
+  if op.get("may_store") and not op.get("may_load"):
+    op.setdefault("read_advance", {})["op"] = 5
+
+
+def graniterapids_facts(skylake: dict) -> dict:
+  """Granite Rapids (Redwood Cove P-cores) from skylake (llvm-mca 14 has no newer Intel
+  model) and what `diffsim measure --validate` measured on the Xeon 6 of
+  `../shared/data/measured` (its README), with Golden Cove's public widths:
+  - 5 integer ALUs (4 independent adds 0.80 cycles): a port 10 in every ALU group;
+  - 2 stores per cycle (4 stores 1.98 cycles): store data on ports 4 and 9, store
+    addresses on 7 and 8 as well as 2 and 3;
+  - 6-wide rename and a 512-entry ROB (Golden Cove, Intel's Architecture Day 2021);
+  - the stack engine and separate store data (`_stack_engine_and_store_data`).
+  Loads stay 2 per cycle, as measured (8 loads from one address 4.02 cycles).
+  """
+  d = copy.deepcopy(skylake)
+  d["cpu"] = "graniterapids-facts"
+  d["source"] = ("skylake (llvm-mca 14) changed by measured Xeon 6 rates and Golden Cove's "
+                 "widths (diffsim.params.starts)")
+  d["global"].update(dispatch_width=6, rob_size=512)
+  units = [r for r in d["resources"] if "members" not in r]
+  groups = [r for r in d["resources"] if "members" in r]
+  units += [{"name": n, "units": 1, "buffer": -1} for n in ("SKLPort8", "SKLPort9", "SKLPort10")]
+  for gr in groups:
+    m = gr["members"]
+    if "SKLPort6" in m or gr["name"] == "SKLPortAny":
+      m.append("SKLPort10")
+    if "SKLPort7" in m:
+      m.append("SKLPort8")
+    if gr["name"] == "SKLPortAny":
+      m += ["SKLPort8", "SKLPort9"]
+  groups.append({"name": "SKLPort49", "members": ["SKLPort4", "SKLPort9"], "buffer": -1})
+  d["resources"] = units + groups
+  for key, op in d["opcodes"].items():
+    res = [["SKLPort49", c] if r == "SKLPort4" else [r, c] for r, c in op.get("resources", [])]
+    if res:
+      op["resources"] = res
+    _stack_engine_and_store_data(key, op)
+    op.pop("kept", None)
+  return d
+
+
 # name -> (the llvm-mca table it starts from, the change)
-STARTS: dict[str, tuple[str, Callable[[dict], dict]]] = {"zen5-facts": ("znver3", zen5_facts)}
+STARTS: dict[str, tuple[str, Callable[[dict], dict]]] = {
+    "zen5-facts": ("znver3", zen5_facts),
+    "graniterapids-facts": ("skylake", graniterapids_facts),
+}
