@@ -1,12 +1,15 @@
 """Exact integer moves: per-opcode coordinate search with the hard simulator.
 
-Gradients through a rounded table propose, but only the hard simulator decides: a
-table's integers (an opcode's micro-ops, latencies, resource cycles, which resource
-group it issues to) change only where the change makes the exact simulator better on
-the training blocks that use that opcode. Blocks are indexed by opcode, so a move is
-judged on its own blocks alone, and many opcodes are judged in one simulator call: the
-opcodes of one call share no block (a greedy colouring of the opcode co-occurrence
-graph), so each block's change is that of its one moved opcode.
+A table's integers (an opcode's micro-ops, latencies, resource cycles, read-advance)
+change only where the change makes the exact simulator better on the training blocks
+that use that opcode: no rounding decides, and no surrogate. Blocks are indexed by
+opcode, so a move is judged on the opcode's own blocks (at most `cap` of them), and
+every opcode's candidate move runs in one simulator call: the table gets a second copy
+of every opcode row (`variants`), and each judging block runs with its opcode's row
+swapped for the moved copy. Of the moves that gain, the best are kept first, and a
+move whose judging blocks share an opcode with a kept one is judged again against the
+table with that move (`_independent`), so that no two kept moves were judged apart
+on the same blocks.
 
 The objective is the metric that is reported: MAPE of the steady-state throughput
 (BHive's definition, 100 and 200 iterations) against the measurements.
@@ -205,6 +208,8 @@ class BlockIndex:
 
   @classmethod
   def build(cls, judge: Judge, cap: int, seed: int = 0) -> "BlockIndex":
+    """Each opcode is judged by its blocks when it has at most `cap`; else by `cap` of
+    them drawn at random (seeded)."""
     keys = [judge.keys(i) for i in range(len(judge.encodings))]
     users: dict[int, list[int]] = {}
     for i, ks in enumerate(keys):
@@ -217,19 +222,6 @@ class BlockIndex:
       judges[k] = np.sort(rng.choice(ids, cap, replace=False)) if len(ids) > cap else ids
     return cls(keys, judges)
 
-  def colour(self, rows: Sequence[int]) -> list[list[int]]:
-    """Rows in classes in which no judging block of one member uses another member."""
-    classes: list[tuple[set, set]] = []  # (members, rows used by the members' judges)
-    for k in sorted(rows, key=lambda k: -len(self.judges[k])):
-      seen = set(np.concatenate([self.keys[b] for b in self.judges[k]]).tolist())
-      for members, used in classes:
-        if k not in used and members.isdisjoint(seen):
-          members.add(k)
-          used.update(seen)
-          break
-      else:
-        classes.append(({k}, seen))
-    return [sorted(m) for m, _ in classes]
 
 
 @dataclasses.dataclass
