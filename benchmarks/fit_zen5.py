@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from diffsim.cli import _enable_compile_cache, mca_predict, sim_predict, tune_xla
-from diffsim.data import load_csv, metrics, shared_data_dir, shipped, split
+from diffsim.data import load_csv, metrics, shared_data_dir, shipped
 from diffsim.data.split import split_ids
 from diffsim.isa import decode_blocks
 from diffsim.params.table import TABLES_DIR, load_table
