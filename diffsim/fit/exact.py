@@ -123,7 +123,6 @@ class Judge:
     supported = np.asarray(table.structure.supported)
     renaming, key_of = renaming_for(table), key_lookup(table.layout.index)
     self.encodings = [_encoded(table, b, supported, renaming, key_of) for b in blocks]
-    self.errors = {i: e for i, e in enumerate(self.encodings) if isinstance(e, str)}
     # Each block's program shape: its bucket length, deps and consumers per instruction
     # (few shapes, so few compilations; a block runs with no more slots than it needs).
     self.shape = [None if isinstance(e, str) else _shape(e) for e in self.encodings]
@@ -184,9 +183,7 @@ def variants(table: Table) -> Table:
   import jax
 
   twice = lambda x: np.concatenate([np.asarray(x)] * 2)  # noqa: E731
-  per_key = {f.name for f in dataclasses.fields(Params)} & {"uops", "latency", "read_advance",
-                                                            "res_cycles"}
-  params = table.params.replace(**{k: twice(getattr(table.params, k)) for k in per_key})
+  params = table.params.replace(**{k: twice(getattr(table.params, k)) for k in _PER_KEY})
   structure = jax.tree.map(twice, table.structure)
   layout = dataclasses.replace(table.layout, keys=table.layout.keys
                                + tuple(f"{k}~moved" for k in table.layout.keys))

@@ -16,13 +16,7 @@ from diffsim.fit.learn import FitConfig, fit
 from diffsim.params.export import to_json
 from diffsim.params.table import Table, from_json
 
-Predictor = Callable[[Sequence], list]
-
-
-def jax_to_numpy(tree):
-  import jax
-
-  return jax.tree.map(np.asarray, tree)  # decoded blocks -> [(cycles or None, error)]
+Predictor = Callable[[Sequence], list]  # decoded blocks -> [(cycles or None, error)]
 
 
 def plot_history(histories: dict[str, list[dict]], path: Path) -> None:
@@ -129,7 +123,7 @@ def fit_and_report(table: Table, train, val, test, out: Path, config: FitConfig,
     from diffsim.fit.exact import MOVES, refine
     from diffsim.fit.learn import rounded
 
-    start = dataclasses.replace(final_table, params=jax_to_numpy(rounded(final_params)))
+    start = dataclasses.replace(final_table, params=rounded(final_params))
     tr, va = decode(list(train.hex)), decode(list(val.hex)) if val is not None else None
     refined = refine(start, tr, train.y, MOVES, rounds=exact_rounds, cap=exact_cap,
                      val=(va, val.y) if va is not None else None, state_dir=out / "exact",

@@ -4,8 +4,8 @@ A fit can only move the numbers of the structure it starts from: with znver3's t
 load pipes and one store per cycle, no amount of fitting finds Zen 5's four loads and
 two stores. `zen5_facts` takes llvm-mca's znver3 table and changes what AMD's Zen 5
 documents say differs (the widths, the units, a few instructions' costs; sources in
-`docs/zen5-facts.md`, cited by tag). It is a prior for the fit, never a substitute:
-the measurements decide every number afterwards (`diffsim.fit.exact`).
+`zen5-facts.md` beside this file, cited by tag). It is a prior for the fit, never a
+substitute: the measurements decide every number afterwards (`diffsim.fit.exact`).
 
 Starts are named like shipped tables (`load_table("zen5-facts")`).
 """
@@ -26,7 +26,7 @@ _LOADED = ("Zn3LSU", "Zn3Load", "Zn3AGU012")
 
 
 def zen5_facts(znver3: dict) -> dict:
-  """Zen 5 from znver3 (llvm-mca's JSON form) and `docs/zen5-facts.md`:
+  """Zen 5 from znver3 (llvm-mca's JSON form) and `zen5-facts.md`:
   - dispatch and retire 8 wide, ROB 448, 240 integer registers, store queue 104 (SOG);
   - 6 ALUs, 3 of them multiply, 3 shift (HC, SOG): two more ALUs, a 3-unit multiply
     group, a third shift unit;
@@ -99,8 +99,8 @@ def _stack_engine_and_store_data(key: str, op: dict) -> None:
 
 def graniterapids_facts(skylake: dict) -> dict:
   """Granite Rapids (Redwood Cove P-cores) from skylake (llvm-mca 14 has no newer Intel
-  model) and what `diffsim measure --validate` measured on the Xeon 6 of
-  `../shared/data/measured` (its README), with Golden Cove's public widths:
+  model) and what `diffsim measure --validate` measured on the Xeon 6 whose blocks the
+  project's measured data holds, with Golden Cove's public widths:
   - 5 integer ALUs (4 independent adds 0.80 cycles): a port 10 in every ALU group;
   - 2 stores per cycle (4 stores 1.98 cycles): store data on ports 4 and 9, store
     addresses on 7 and 8 as well as 2 and 3;
