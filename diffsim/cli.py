@@ -81,8 +81,8 @@ def _put_llvm14_on_path() -> None:
 # iteration as a sequence of small kernels. The simulator's inner loops (the issue
 # round's candidates and each one's units and groups, the zero-latency fixed point,
 # the jumps) carry a few KB per device; compiled whole, the 20,000 command blocks
-# simulate 6% faster, with the same cycles (`benchmarks/RESULTS.md`, twenty-first
-# session). Loops over large buffers keep their kernels.
+# simulate 6% faster, with the same cycles (`benchmarks/RESULTS.md`, Simulator
+# speed). Loops over large buffers keep their kernels.
 SMALL_LOOP_BYTES = 131072
 
 
@@ -109,7 +109,7 @@ def one_blas_thread() -> None:
   loads. OpenBLAS starts a thread per core that spins at start-up, beside JAX's import
   and the decoder; the commands do their heavy work in XLA, not BLAS (`diffsim
   simulate`: 0.2 CPU-s of 19 spent in the idle BLAS threads, `benchmarks/RESULTS.md`,
-  twentieth session)."""
+  Simulator speed)."""
   os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 

@@ -649,7 +649,7 @@ def assemble(encodings: Sequence[Encoding], *, length: int | None = None,
   # Few distinct shapes keep compilations few: C at least min(L, 32). D is the bucket of
   # the most deps: 4 for all but 2 of 11,959 distinct BHive encodings, and every dep slot
   # costs the cycle loop work (D = 8 took 1.13 s against 1.00 s for 4,096 short blocks:
-  # `benchmarks/RESULTS.md`, twentieth session).
+  # `benchmarks/RESULTS.md`, Simulator speed).
   D = max_deps or _bucket(max((e.max_deps for e in encodings), default=1),
                           DEP_BUCKETS + (128, 256))
   C = max_uses or max(min(L, 32), _bucket(max((e.max_uses for e in encodings), default=1),

@@ -311,16 +311,16 @@ def refit_encoder(variables, cfg: ModelConfig, data: Data, steps: int, *, lr: fl
   and encoder tables with the program vectors frozen (AdamW).
 
   In joint training the free table vectors absorb what the program encoder learns, and
-  the encoder trails them far (run F of benchmarks/RESULTS.md: 29.5% MAPE against 7.8% on
-  the same uarchs) or dies (run H: every hidden unit off, one vector for all tables), so
-  it starts again from a fresh initialisation. Its loss is the absolute log ratio: the
-  squared one let the few blocks a table's vector cannot reach rule the fit, and with
-  many encoder tables it got worse instead of better (run H: held-out sampled tables
-  31.1% against 17.3%). Each role's tables are scored on the blocks that label them only,
-  and each step takes `tables_per_step` of a role's tables at random, so that thousands
-  of encoder tables cost what hundreds did; with weight decay against overfitting them
-  (run I: 3,072 encoder tables in 202 s where 768 took 784 s; held-out sampled tables
-  16.2% -> 13.1%, skylake 15.2% -> 9.8%).
+  the encoder trails them far (29.5% MAPE against 7.8% on the same uarchs: benchmarks/
+  RESULTS.md, PerfVec on simulator sweeps) or dies (every hidden unit off, one vector for
+  all tables), so it starts again from a fresh initialisation. Its loss is the absolute
+  log ratio: the squared one let the few blocks a table's vector cannot reach rule the
+  fit, and with many encoder tables it got worse instead of better (768 encoder tables:
+  held-out sampled tables 31.1% against 17.3%). Each role's tables are scored on the
+  blocks that label them only, and each step takes `tables_per_step` of a role's tables
+  at random, so that thousands of encoder tables cost what hundreds did; with weight
+  decay against overfitting them (3,072 encoder tables in 202 s where 768 took 784 s;
+  held-out sampled tables 16.2% -> 13.1%, skylake 15.2% -> 9.8%).
   """
   if steps <= 0:
     return variables

@@ -61,10 +61,11 @@ class Trained:
     of `probes` of the model's probe blocks on it, starting from (and pulled towards)
     the encoder's vector: the program encoder stays frozen, as with measured blocks.
 
-    The table encoder alone generalises only so far from the tables it saw (run I of
-    benchmarks/RESULTS.md: 13.1% MAPE on held-out sampled tables); 1,024 simulated
-    blocks, a few seconds of simulation, bring it to 8.8%. A training uarch keeps its
-    own vector. `log`, when given, hears how many probes the fit used and how long it took.
+    The table encoder alone generalises only so far from the tables it saw (13.1% MAPE
+    on held-out sampled tables: benchmarks/RESULTS.md, PerfVec on simulator sweeps);
+    1,024 simulated blocks, a few seconds of simulation, bring it to 8.8%. A training
+    uarch keeps its own vector. `log`, when given, hears how many probes the fit used
+    and how long it took.
     """
     from diffsim.isa import decode_blocks
     from diffsim.sim import simulate_blocks
@@ -215,7 +216,7 @@ def fit_uarch(trained: Trained, programs: np.ndarray, y: np.ndarray, init: np.nd
   error used before was ruled by the few blocks that the frozen program vectors miss by
   5-20x (stack and aliasing memory behaviour on Zen 5): on the same model and blocks,
   Zen 5 at K = 512 went from 27.4% to 19.4% held-out MAPE, tau 0.798 to 0.816
-  (benchmarks/RESULTS.md, "Run H").
+  (benchmarks/RESULTS.md, PerfVec on simulator sweeps).
 
   Args:
     programs: [K, dim] program vectors of the labelled blocks (`Trained.embed`).

@@ -298,7 +298,7 @@ def job_size(length: int) -> int:
 
   Each job's queue drains at its end, slots idling beside its slowest blocks; on the
   20,000 command blocks, jobs of 4,096 made the whole command 0.92x as long as jobs of
-  1,024 (`benchmarks/RESULTS.md`, fourteenth session).
+  1,024 (`benchmarks/RESULTS.md`, Simulator speed).
   """
   return min(4096, 4096 * 32 // length)
 

@@ -32,7 +32,7 @@ def group_for(dispatch_width) -> int:
   rounded dispatch width, at most `MAX_GROUP`. A pass costs every step work in
   proportion to its size, whether or not the cycle dispatches, and more than the width
   can go only past zero-uop instructions (haswell, 4,096 short blocks: 0.75 s at 4
-  against 0.81 s at 8, the same cycles: `benchmarks/RESULTS.md`, twentieth session)."""
+  against 0.81 s at 8, the same cycles: `benchmarks/RESULTS.md`, Simulator speed)."""
   return int(min(MAX_GROUP, max(1, np.max(np.round(np.asarray(dispatch_width))))))
 
 _COUNTERS = ("next", "carry", "rob_used", "rs_used", "lq_used", "sq_used", "prf_used")

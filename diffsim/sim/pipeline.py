@@ -166,7 +166,7 @@ def slots_for(length: int) -> int:
 
   Each slot carries its block's facts ([length, ...] arrays), and once those of all
   slots outgrow the caches a step slows down more than the extra slots gain. Measured
-  on the 20,000 command blocks (benchmarks/RESULTS.md, thirteenth session), same
+  on the 20,000 command blocks (benchmarks/RESULTS.md, Simulator speed), same
   process: up to 32 instructions 64 slots are as good as any; beyond, the buckets of 64,
   128 and 256 instructions take 0.84 / 0.48 / 0.75 s at 8 / 4 / 4 slots against 1.45-2.0
   / 1.0-1.1 / 1.4 s at 64 (32 for the 33 longest blocks).

@@ -6,7 +6,7 @@ set (`keep_programs`; the CLI sets one beside its compile cache), each program i
 compiled once and its executable serialized (`jax.experimental.serialize_executable`);
 later runs load the executable and run it at once: about 0.6 s per program, against
 1.1 s to load a traced program and find its compilation in the cache (`benchmarks/
-RESULTS.md`, fourteenth session).
+RESULTS.md`, Simulator speed).
 
 A kept program is keyed on everything that shapes it: the function, its static
 arguments (the table's layout, window, budget...), the shapes and dtypes of its inputs,
@@ -37,7 +37,7 @@ from jax.experimental import serialize_executable
 # second reduction (its tree-reduction rewrite, which keeps long float sums precise).
 # The cycle loop's reductions over the window are integer or boolean, exact either way,
 # and split they took a fifth of its time; the hard simulator's programs compile
-# without the rewrite (`benchmarks/RESULTS.md`, "eighth session").
+# without the rewrite (`benchmarks/RESULTS.md`, Simulator speed).
 COMPILER_OPTIONS = {"xla_disable_hlo_passes": "tree_reduction_rewriter"}
 
 _dir: Path | None = None
