@@ -6,10 +6,11 @@ that use that opcode: no rounding decides, and no surrogate. Blocks are indexed 
 opcode, so a move is judged on the opcode's own blocks (at most `cap` of them), and
 every opcode's candidate move runs in one simulator call: the table gets a second copy
 of every opcode row (`variants`), and each judging block runs with its opcode's row
-swapped for the moved copy. Of the moves that gain, the best are kept first, and a
-move whose judging blocks share an opcode with a kept one is judged again against the
-table with that move (`_independent`), so that no two kept moves were judged apart
-on the same blocks.
+swapped for the moved copy. The moves that gain are then applied together and each
+is kept only where it still gains with the others in place (`_verified`); the ones
+dropped are judged again against the table with the kept moves. Besides the numbers,
+an opcode may move to a wider group of its scheduler's pipes (`port_moves`): the
+port sets follow the evidence too.
 
 The objective is the metric that is reported: MAPE of the steady-state throughput
 (BHive's definition, 100 and 200 iterations) against the measurements.
@@ -39,23 +40,34 @@ _PER_KEY = ("uops", "latency", "read_advance", "res_cycles")
 class Move:
   """One kind of change to one opcode's row: `field` by `delta` (see `apply`)."""
 
-  field: str  # "latency" | "uops" | "cycles" | "pipelined" | "advance"
+  field: str  # "latency" | "uops" | "cycles" | "pipelined" | "advance" | "port"
   delta: int = 0
 
   def __str__(self) -> str:
-    return self.field if self.field == "pipelined" else f"{self.field} {self.delta:+d}"
+    return self.field if self.field in ("pipelined", "port") else f"{self.field} {self.delta:+d}"
 
 
 # The moves of `diffsim fit --exact`, in the order each round tries them.
 MOVES = (Move("latency", -1), Move("latency", +1), Move("uops", -1), Move("uops", +1),
-         Move("cycles", -1), Move("cycles", +1), Move("pipelined"), Move("advance", +1),
-         Move("advance", -1))
+         Move("cycles", -1), Move("cycles", +1), Move("pipelined"), Move("port"),
+         Move("advance", +1), Move("advance", -1))
 
 
-def apply(p: dict[str, np.ndarray], k: int, move: Move) -> bool:
+def apply(p: dict[str, np.ndarray], k: int, move: Move,
+          ports: dict[int, tuple[int, int]] | None = None) -> bool:
   """Applies `move` to opcode row `k` of the numpy table `p` in place; False where it
-  does not apply (the value would leave its physical range, or nothing would change)."""
-  if move.field == "latency":
+  does not apply (the value would leave its physical range, or nothing would change).
+  A port move shifts row k's cycles from column a to column b, (a, b) = `ports[k]`
+  (`port_moves`)."""
+  if move.field == "port":
+    if not ports or k not in ports:
+      return False
+    a, b = ports[k]
+    row = p["res_cycles"][k]
+    if row[a] <= 0 or row[b] > 0:
+      return False
+    row[b], row[a] = row[a], 0.0
+  elif move.field == "latency":
     row = p["latency"][k]
     new = np.where(_SHIFTED_ROLES, np.maximum(row + move.delta, 0), row)
     if np.array_equal(new, row):
@@ -91,6 +103,46 @@ def apply(p: dict[str, np.ndarray], k: int, move: Move) -> bool:
   else:
     raise ValueError(f"unknown move field {move.field!r}")
   return True
+
+
+def port_moves(table: Table) -> dict[int, tuple[int, int]]:
+  """Per opcode row, the one port move it may make: its execution group (the one group
+  it holds that no scheduler buffers) to the widest group of the scheduler it sits in,
+  e.g. an ALU operation modelled on three pipes to all six. Loads and stores keep
+  their address units. Rows whose moved form the structure cannot run get none."""
+  lay, st = table.layout, table.structure
+  U = len(lay.units)
+  buffered = np.asarray(table.params.buffer_size) > 0
+  cyc = np.asarray(table.params.res_cycles)
+  need = np.asarray(st.res_need)
+  size = [bin(m).count("1") for m in lay.group_members]
+  members = list(lay.group_members)
+  mem = np.asarray(st.may_load) | np.asarray(st.may_store)
+  out = {}
+  for k in range(len(lay.keys)):
+    if mem[k]:
+      continue
+    held = [g for g in range(len(members)) if cyc[k, U + g] > 0 and not buffered[U + g]]
+    sched = [g for g in range(len(members)) if st.buffers[k][U + g]]
+    if len(held) != 1 or len(sched) != 1:
+      continue
+    a = held[0]
+    inside = [g for g in range(len(members)) if not buffered[U + g] and g != a
+              and members[g] & ~members[sched[0]] == 0 and size[g] > size[a]
+              and need[k, U + a] == 1]
+    if inside:
+      b = max(inside, key=lambda g: (size[g], -g))
+      out[k] = (U + a, U + b)
+  return out
+
+
+def _any_group_needs_one(table: Table) -> Table:
+  """`table` with one free member needed of every group an opcode does not hold (the
+  need of an unheld group is never read), so a port move may hold any group."""
+  U = len(table.layout.units)
+  need = np.array(table.structure.res_need)
+  need[:, U:] = np.maximum(need[:, U:], 1)
+  return dataclasses.replace(table, structure=table.structure.replace(res_need=need))
 
 
 def _numpy(params: Params) -> dict[str, np.ndarray]:
@@ -256,20 +308,29 @@ def _load(state_dir):
   return pick("p_"), pick("b_"), done
 
 
-def _independent(gains: dict[int, float], index: BlockIndex, min_gain: float) -> list[int]:
-  """The moves to keep: those that gain at least `min_gain`, best first, skipping any
-  whose judging blocks use an opcode already kept (or that sits in theirs), so that
-  each kept move was judged with the others as they will be."""
-  kept: set = set()
-  seen: set = set()  # opcodes in the judging blocks of kept moves
-  for k in sorted(gains, key=lambda k: -gains[k]):
-    if gains[k] < min_gain:
+def _verified(p: dict, candidates: list[int], move: Move, ports, judge: "Judge",
+              table: Table, index: BlockIndex, err: np.ndarray, y: np.ndarray,
+              min_gain: float, tries: int = 3) -> list[int]:
+  """The candidates to keep: all are applied together, and each must still lower the
+  error of its judging blocks by `min_gain` with the others in place; those that do
+  not are dropped and the rest checked again (at most `tries` times). Frequent opcodes
+  sit in nearly every other opcode's blocks, so moves are judged together rather
+  than kept apart."""
+  keep = list(candidates)
+  for _ in range(tries if keep else 0):
+    trial = {k: v.copy() for k, v in p.items()}
+    for k in keep:
+      apply(trial, k, move, ports)
+    ids = np.unique(np.concatenate([index.judges[k] for k in keep]))
+    now = np.zeros(len(err))
+    now[ids] = _errors(judge(_table(table, trial), ids), y[ids])
+    bad = {k for k in keep if (err[index.judges[k]] - now[index.judges[k]]).mean() < min_gain}
+    if not bad:
       break
-    mine = set(np.concatenate([index.keys[b] for b in index.judges[k]]).tolist())
-    if k not in seen and kept.isdisjoint(mine):
-      kept.add(k)
-      seen |= mine
-  return sorted(kept)
+    keep = [k for k in keep if k not in bad]
+    if not keep:
+      break
+  return keep
 
 
 def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move], *,
@@ -296,12 +357,14 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
     state_dir: where the search keeps its state after every move kind; a search
       started again with the same arguments resumes from it.
     frozen: rows that never move.
-    passes: how often one move kind is judged again for the opcodes whose gain a
-      better, overlapping opcode's kept move blocked.
+    passes: how often one move kind is judged again for the opcodes that gained
+      alone but were dropped when judged with the others (`_verified`).
   """
   from pathlib import Path
 
   y = np.asarray(y, np.float64)
+  table = _any_group_needs_one(table)
+  ports = port_moves(table) if any(m.field == "port" for m in moves) else {}
   judge = Judge(table, blocks)
   index = BlockIndex.build(judge, cap)
   p = _numpy(table.params)
@@ -319,6 +382,7 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
   rows = [k for k, ids in index.judges.items() if len(ids) >= min_blocks
           and not (frozen and frozen(k))]
   doubled, K = variants(table), len(table.layout.keys)
+  vports = {K + k: (a, b) for k, (a, b) in ports.items()}
   # Only the judging blocks decide anything, so only they are kept up to date.
   judged = np.unique(np.concatenate([index.judges[k] for k in rows]))
   t0 = time.time()
@@ -340,10 +404,10 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
       kept, pending, tried = [], rows, 0
       for _ in range(passes):
         # Every pending opcode's move at once, each on its own variant row; those that
-        # gain and share no block with a better one are kept. The good ones a better
-        # one blocked are judged again against the table with the kept moves.
+        # gain are applied together and kept where they still gain (`_verified`). The
+        # ones dropped there are judged again against the table with the kept moves.
         q = {name: np.concatenate([a, a]) if name in _PER_KEY else a for name, a in p.items()}
-        moved = [k for k in pending if apply(q, K + k, move)]
+        moved = [k for k in pending if apply(q, K + k, move, vports)]
         if not moved:
           break
         tried = max(tried, len(moved))
@@ -351,11 +415,12 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
         which = np.concatenate([np.full(len(index.judges[k]), k) for k in moved])
         gain = err[ids] - _errors(judge(_table(doubled, q), ids, moved=which), y[ids])
         gains = {k: gain[which == k].mean() for k in moved}
-        now = _independent(gains, index, min_gain)
+        now = _verified(p, [k for k in moved if gains[k] >= min_gain], move, ports, judge,
+                        table, index, err, y, min_gain)
         if not now:
           break
         for k in now:
-          apply(p, k, move)
+          apply(p, k, move, ports)
         kept += now
         # Re-judge the judging blocks that a kept move touches.
         touched = judged[np.isin(judged, np.flatnonzero(

@@ -31,7 +31,8 @@ def zen5_facts(znver3: dict) -> dict:
   - 6 ALUs, 3 of them multiply, 3 shift (HC, SOG): two more ALUs, a 3-unit multiply
     group, a third shift unit;
   - 4 AGUs and 4 load pipes, at most 2 stores per cycle (HC, ILX): a fourth AGU, LSU
-    and load unit, and stores that hold a store unit one cycle instead of two;
+    and load unit, stores that hold a store unit one cycle instead of two, and a
+    second FP store pipe (HC: 2 store / FP-to-int pipes);
   - the stack engine: push, pop, call and ret update rsp without a 1-cycle chain (ILX);
   - BSF/BSR/TZCNT/LZCNT/POPCNT 1 cycle, CMOV and the accumulator forms of ALU
     operations on any ALU for one cycle (ILX);
@@ -53,6 +54,8 @@ def zen5_facts(znver3: dict) -> dict:
   for u in units:
     if u["name"] in ("Zn3LSU", "Zn3Load"):
       u["units"] = 4
+    if u["name"] == "Zn3FPSt":  # two store / FP-to-int pipes (HC)
+      u["units"] = 2
   extra = {"Zn3AGU012": ["Zn3AGU3"], "Zn3ALU0123": ["Zn3ALU4", "Zn3ALU5"],
            "Zn3ALU12": ["Zn3ALU5"], "Zn3Int": ["Zn3AGU3", "Zn3ALU4", "Zn3ALU5"]}
   for gr in groups:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from diffsim.data import shipped
-from diffsim.fit.exact import Judge, Move, apply, refine, variants
-from diffsim.isa import decode_blocks
+from diffsim.fit.exact import Judge, Move, _any_group_needs_one, apply, port_moves, refine, variants
+from diffsim.isa import decode_blocks, parse_asm
 from diffsim.params.table import load_table
 
 MOVES = (Move("latency", -1), Move("latency", -2), Move("latency", +1))
@@ -92,3 +92,29 @@ def test_search_recovers_perturbed_latencies_and_resumes(short, truth, tmp_path)
   # Opcodes nobody perturbed stay where they were, nearly all of them.
   changed = np.flatnonzero(np.any(got != true_lat, axis=1))
   assert len(set(changed.tolist()) - set(moved)) <= 3
+
+
+def test_port_move_widens_the_execution_group_where_the_labels_say_so():
+  """zen5-facts runs LEA on the 4 address units; labels from the same table with LEA on
+  the 6 ALUs: the search moves it there, and moves nothing the labels do not show."""
+  start = _any_group_needs_one(load_table("zen5-facts"))
+  lay, U = start.layout, len(start.layout.units)
+  ports = port_moves(start)
+  k = lay.keys.index("LEA64r")
+  a, b = ports[k]
+  assert (lay.groups[a - U], lay.groups[b - U]) == ("Zn3AGU012", "Zn3ALU0123")
+  loads = np.flatnonzero(np.asarray(start.structure.may_load))
+  assert not set(ports) & set(loads.tolist())  # loads keep their address units
+  p = {n: np.array(v) for n, v in vars(start.params).items()}
+  assert apply(p, k, Move("port"), ports) and not apply(p, k, Move("port"), ports)
+  truth = _with(start, p)
+  regs = ["rbx", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10"]
+  blocks = [parse_asm("\n".join(f"leaq 8(%rax), %{r}" for r in regs[:n])) for n in (4, 6, 7, 8)]
+  blocks.append(parse_asm("addq $1, %rbx\naddq $1, %rcx"))
+  y = Judge(truth, blocks)(truth, np.arange(len(blocks)))
+  assert not np.array_equal(Judge(start, blocks)(start, np.arange(len(blocks))), y)
+  res = refine(start, blocks, y, [Move("port")], rounds=1, cap=8, min_blocks=1, log=lambda s: None)
+  got = np.asarray(res.table.params.res_cycles)
+  assert got[k, b] > 0 and got[k, a] == 0
+  others = np.flatnonzero(np.any(got != np.asarray(start.params.res_cycles), axis=1))
+  assert others.tolist() == [k]

@@ -17,7 +17,7 @@ def test_zen5_facts_is_a_named_table_built_from_znver3():
   assert set(doc["opcodes"]) == set(base["opcodes"])
   assert doc["global"]["dispatch_width"] == 8 and doc["global"]["rob_size"] == 448
   units = {r["name"]: r.get("units", 1) for r in doc["resources"] if "members" not in r}
-  assert units["Zn3Load"] == 4 and units["Zn3LSU"] == 4
+  assert units["Zn3Load"] == 4 and units["Zn3LSU"] == 4 and units["Zn3FPSt"] == 2
 
 
 def test_zen5_facts_runs_the_documented_rates_where_znver3_does_not():
