@@ -33,6 +33,7 @@ _SHIFTED_ROLES = np.array([r != "RSP" for r in WRITE_ROLES])
 # Read-advance columns an advance move shifts: the explicit register sources (a store's
 # data, a load-op's register operand), not flags, implicit reads or addresses.
 _EXPLICIT_READS = np.array([c.startswith("op") for c in READ_CLASSES])
+_MEM_READ = READ_CLASSES.index("mem")  # a load's read of a forwarded store (negative)
 _PER_KEY = ("uops", "latency", "read_advance", "res_cycles")
 
 
@@ -40,7 +41,7 @@ _PER_KEY = ("uops", "latency", "read_advance", "res_cycles")
 class Move:
   """One kind of change to one opcode's row: `field` by `delta` (see `apply`)."""
 
-  field: str  # "latency" | "uops" | "cycles" | "pipelined" | "advance" | "port"
+  field: str  # "latency" | "uops" | "cycles" | "pipelined" | "advance" | "forward" | "port"
   delta: int = 0
 
   def __str__(self) -> str:
@@ -50,7 +51,7 @@ class Move:
 # The moves of `diffsim fit --exact`, in the order each round tries them.
 MOVES = (Move("latency", -1), Move("latency", +1), Move("uops", -1), Move("uops", +1),
          Move("cycles", -1), Move("cycles", +1), Move("pipelined"), Move("port"),
-         Move("advance", +1), Move("advance", -1))
+         Move("advance", +1), Move("advance", -1), Move("forward", +1), Move("forward", -1))
 
 
 def apply(p: dict[str, np.ndarray], k: int, move: Move,
@@ -86,6 +87,11 @@ def apply(p: dict[str, np.ndarray], k: int, move: Move,
         new[_EXPLICIT_READS].max() > 8:
       return False
     p["read_advance"][k] = new
+  elif move.field == "forward":  # cycles a forwarded store's data costs a load
+    row = p["read_advance"][k]
+    if row[_MEM_READ] == 0 or not -12 <= row[_MEM_READ] - move.delta <= -1:
+      return False  # loads only (they carry one), and a forward costs 1 to 12 cycles
+    row[_MEM_READ] -= move.delta
   elif move.field == "uops":
     new = p["uops"][k] + move.delta
     if new < 1:

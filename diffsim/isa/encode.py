@@ -45,6 +45,8 @@ ALWAYS = 1 << 20
 # Writes per instruction that physical-register accounting sees (`vzeroall` has 16).
 MAX_WRITES = 16
 _MEM_ROLE, _MEM_CLASS = WRITE_ROLES.index("MEM"), READ_CLASSES.index("mem")
+# Writes of a renamed load that are its own, not the loaded value (`_through_memory`).
+_KEPT_ROLES = frozenset(WRITE_ROLES.index(r) for r in ("MEM", "RSP", "EFLAGS"))
 GPR = {"RAX", "RBX", "RCX", "RDX", "RSI", "RDI", "RBP", "RSP"} | {f"R{i}" for i in range(8, 16)}
 
 
@@ -564,6 +566,48 @@ class Encoding:
     return len(self.instrs)
 
 
+def _through_memory(block: Block, deps: list[list[tuple]]) -> list[list[tuple]]:
+  """`deps` with the dependences that run through memory (`memory_edges`), each in the
+  load's mem read class (its read-advance there is minus the forwarding latency):
+  - forwarded: the load waits for the store (its MEM write: a read-modify-write's
+    result) and for what produced the store's register data, since a store's data
+    may arrive after the store issued (its read-advance);
+  - renamed (`memory._renamable`): the loaded register's readers read the store's
+    data producer directly, as after an eliminated move, and through any renamed
+    load that produced it in turn (a store of an immediate, or of its own
+    read-modify-write, leaves them none)."""
+  explicit = READ_CLASSES.index("flags")  # classes below it: explicit register sources
+  out = [list(d) for d in deps]
+  source: dict[int, list[tuple]] = {}  # renamed load -> [(producer, distance, role)]
+  for c, stores in enumerate(memory_edges(block)):
+    for s, dist, renamed in stores:
+      data = [(p, dist + dp, role, first, last) for p, dp, role, cls, waw, first, last
+              in deps[s] if cls < explicit and waw == -1]
+      if renamed:
+        source.setdefault(c, []).extend(e[:3] for e in data)
+        continue
+      out[c].append((s, dist, _MEM_ROLE, _MEM_CLASS, -1, 0, ALWAYS))
+      out[c] += [(p, d, role, _MEM_CLASS, -1, first, last) for p, d, role, first, last in data]
+
+  def resolve(p, d, role, depth=0):
+    if p not in source or role in _KEPT_ROLES:
+      return [(p, d, role)]
+    if depth == 4 or d > 4:  # a value renamed around the loop: no producer in flight
+      return []
+    return [r for q, dq, rq in source[p] for r in resolve(q, d + dq, rq, depth + 1)]
+
+  if source:
+    for x, edges in enumerate(out):
+      new = []
+      for e in edges:
+        if e[0] in source and e[2] not in _KEPT_ROLES and e[4] == -1:
+          new += [(p, d, role, *e[3:]) for p, d, role in resolve(*e[:3])]
+        else:
+          new.append(e)
+      out[x] = new
+  return out
+
+
 def encode_block(block: Block, keys: Mapping[str, int], renaming: Renaming | None = None,
                  key_of: Callable | None = None) -> Encoding:
   """`block`'s Encoding (`keys` and `renaming` as in `encode`; `key_of`: a
@@ -585,8 +629,7 @@ def encode_block(block: Block, keys: Mapping[str, int], renaming: Renaming | Non
     history, alloc, elim = _rename_history(block, renaming, movable)
     deps = _ranged_edges(history)
   if renaming is not None and renaming.memory:
-    for c, stores in enumerate(memory_edges(block)):
-      deps[c] = deps[c] + [(p, dist, _MEM_ROLE, _MEM_CLASS, -1, 0, ALWAYS) for p, dist in stores]
+    deps = _through_memory(block, deps)
   instrs, writes, edges = [], [], []
   for c, ins in enumerate(block.instrs):
     key = key_of(ins)

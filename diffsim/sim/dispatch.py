@@ -24,7 +24,8 @@ from jax import lax
 
 from diffsim.sim.facts import BIG, Facts
 from diffsim.sim.state import (DISPATCH, HEAD, ISSUE, LOAD, LOAD_BARRIER, MAX_GROUP, ORDER,
-                               OTHER, ROB, STORE, STORE_BARRIER, WHY, WIDTH, State)
+                               ORDERED_STORE, OTHER, ROB, STORE, STORE_BARRIER, WHY, WIDTH,
+                               State)
 
 
 def group_for(dispatch_width) -> int:
@@ -158,6 +159,7 @@ def _write(state: State, facts: Facts, first, count) -> State:
   users = state.users.at[slot].set(0, mode="drop")
   users = users.at[jnp.where(waits, links["p_slot"], W).reshape(-1)].add(1, mode="drop")
   flags = (LOAD * facts.may_load[c] + STORE * facts.may_store[c]
+           + ORDERED_STORE * facts.ordered_store[c]
            + LOAD_BARRIER * facts.load_barrier[c] + STORE_BARRIER * facts.store_barrier[c])
   order = state.issued + jnp.cumsum(now) - 1
   state = state.replace(

@@ -64,6 +64,9 @@ class Facts:
   buffers: jax.Array  # [L, R] bool: scheduler buffers taken from dispatch to issue
   may_load: jax.Array  # [L] bool
   may_store: jax.Array  # [L] bool
+  ordered_store: jax.Array  # [L] bool: a store that waits until every older load and
+  #                   store has issued (llvm-mca's LSUnit); none with memory dependences,
+  #                   whose edges order only what really aliases
   load_barrier: jax.Array  # [L] bool: younger loads wait until it has executed
   store_barrier: jax.Array  # [L] bool: younger stores wait until it has executed
   zero_use: jax.Array  # [L] bool: some reader may issue in the same cycle as this one
@@ -204,7 +207,9 @@ def gather(params: Params, structure: Structure, layout: Layout, blocks: BlockBa
       grp_members=jnp.where(grp_on, jnp.asarray(layout.group_members, jnp.int32)[grp], 0),
       blocked_by=blocked_by,
       buffers=structure.buffers[op] & ~elim[:, None], may_load=structure.may_load[op],
-      may_store=structure.may_store[op], load_barrier=structure.load_barrier[op],
+      may_store=structure.may_store[op],
+      ordered_store=structure.may_store[op] & (not layout.memory_dependences),
+      load_barrier=structure.load_barrier[op],
       store_barrier=structure.store_barrier[op],
       zero_use=jnp.any(use_on & (use_w == 0), axis=-1), prf_cost=prf_cost, prf_need=prf_need,
       begin_group=structure.begin_group[op], end_group=structure.end_group[op])

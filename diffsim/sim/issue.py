@@ -22,7 +22,8 @@ reader (cost: rounds run as long as the slowest block of the batch needs them).
 Memory ordering (llvm-mca's default -noalias=true, LSUnit): a store waits until every
 older load and store has issued; a load waits for the latest older load barrier to
 execute, a store for the latest older store barrier, and a load barrier for the
-older loads.
+older loads. With memory dependences (a table field, off in llvm-mca's tables) stores
+do not wait for older memory operations: the dependence edges order what aliases.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from diffsim.sim.facts import BIG, Facts
-from diffsim.sim.state import (ISSUE, LOAD, LOAD_BARRIER, ORDER, PREV, STORE, STORE_BARRIER,
-                               State, inflight, slot_dyn)
+from diffsim.sim.state import (ISSUE, LOAD, LOAD_BARRIER, ORDER, ORDERED_STORE, PREV, STORE,
+                               STORE_BARRIER, State, inflight, slot_dyn)
 
 K = 2  # candidates considered per round
 POS_BITS = 10  # priority keys end in the slot's distance from the head: windows <= 1024
@@ -192,6 +193,7 @@ def issue_round(state: State, facts: Facts, members) -> State:
   has = lambda bit: (state.flags & bit) != 0  # noqa: E731
   store = has(STORE)
   load = has(LOAD) & ~store
+  ordered = has(ORDERED_STORE)  # waits for every older memory operation to issue
   # Barrier orderings wait on completions, which cannot change within the cycle.
   oldest = lambda m: jnp.min(jnp.where(m, dyn, BIG))  # noqa: E731
   lb_ok = oldest(live & ~executed & has(LOAD_BARRIER)) >= dyn
@@ -210,14 +212,14 @@ def issue_round(state: State, facts: Facts, members) -> State:
   # exactly in the scan below.
   is_mem = live & has(LOAD | STORE)
   stuck = oldest(unissued & is_mem & ~ready)
-  cand = ready & (~store | (dyn <= stuck))
+  cand = ready & (~ordered | (dyn <= stuck))
   pos = dyn - state.head
   key = jnp.where(cand, ((pos - state.users + 8192) << POS_BITS) + pos,
                   jnp.iinfo(jnp.int32).max)
   slots, valid = _best(key, K, state.head)
   dyn_k = dyn[slots]
   c_k = state.index[slots]
-  store_k = store[slots]
+  store_k = ordered[slots]
   mem_k = (facts.may_load[c_k] | facts.may_store[c_k])
   older = jnp.sum(unissued[None, :] & is_mem[None, :] & (dyn[None, :] < dyn_k[:, None]),
                   axis=-1)
@@ -238,7 +240,7 @@ def issue_round(state: State, facts: Facts, members) -> State:
   # a producer, its other operands ready and its resources free at the round's start.
   may_wake = (linked & (facts.use_w[c_k] == 0) & (state.pending[q_slot] > 0)
               & (state.ready_t[q_slot] <= t) & free_now[facts.use_dst[c_k]])
-  wakes_k = jnp.any(may_wake, axis=-1) | (mem_k & jnp.any(store & cand))
+  wakes_k = jnp.any(may_wake, axis=-1) | (mem_k & jnp.any(ordered & cand))
 
   record = state.trace.shape[0] > 0  # static: keep the schedule's decisions
   uses = rows["dunit"].shape[-1] + rows["grp"].shape[-1]
@@ -278,7 +280,7 @@ def issue_round(state: State, facts: Facts, members) -> State:
   # get taken), except stores once an older memory operation has issued.
   tried = tried | jnp.zeros(W, bool).at[jnp.where(seen, slots, W)].set(True, mode="drop")
   mem_issued = jnp.any(issued & mem_k)
-  tried = jnp.where(mem_issued, tried & ~(store & cand), tried)
+  tried = jnp.where(mem_issued, tried & ~(ordered & cand), tried)
   # Another round if a woken reader is ready now, a store may now pass (it is the
   # oldest memory operation left), or K was too few; each only if its resources are
   # still free after this round's issues (the next round's own test), so a cycle whose
@@ -288,7 +290,7 @@ def issue_round(state: State, facts: Facts, members) -> State:
   reader_ready = (woke & (facts.use_w[c_k] == 0) & (pending[q_slot.reshape(K, -1) % W] == 0)
                   & (ready_t[q_slot.reshape(K, -1) % W] <= t) & free_after[facts.use_dst[c_k]])
   left = unissued & (issue_t >= BIG)
-  store_passes = store & cand & left & (dyn == oldest(left & is_mem)) & free_after_slot
+  store_passes = ordered & cand & left & (dyn == oldest(left & is_mem)) & free_after_slot
   more = (jnp.any(reader_ready) | mem_issued & jnp.any(store_passes)
           | jnp.any(cand & ~tried & free_after_slot))
   order = state.issued + jnp.cumsum(issued) - 1  # issue sequence numbers

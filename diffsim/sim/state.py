@@ -17,7 +17,7 @@ from diffsim.sim.facts import BIG
 MAX_GROUP = 8  # instructions dispatch decides and writes per pass, at most
 
 # Bits of State.flags.
-LOAD, STORE, LOAD_BARRIER, STORE_BARRIER = 1, 2, 4, 8
+LOAD, STORE, LOAD_BARRIER, STORE_BARRIER, ORDERED_STORE = 1, 2, 4, 8, 16
 # Bits of State.why: what held the next instruction back at its last dispatch try.
 WIDTH, ROB, OTHER = 1, 2, 4
 
