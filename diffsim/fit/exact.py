@@ -123,19 +123,19 @@ def port_moves(table: Table) -> dict[int, tuple[int, int]]:
   need = np.asarray(st.res_need)
   size = [bin(m).count("1") for m in lay.group_members]
   members = list(lay.group_members)
+  buffers = np.asarray(st.buffers)
   mem = np.asarray(st.may_load) | np.asarray(st.may_store)
   out = {}
   for k in range(len(lay.keys)):
     if mem[k]:
       continue
     held = [g for g in range(len(members)) if cyc[k, U + g] > 0 and not buffered[U + g]]
-    sched = [g for g in range(len(members)) if st.buffers[k][U + g]]
-    if len(held) != 1 or len(sched) != 1:
+    sched = [g for g in range(len(members)) if buffers[k, U + g]]
+    if len(held) != 1 or len(sched) != 1 or need[k, U + held[0]] != 1:
       continue
     a = held[0]
     inside = [g for g in range(len(members)) if not buffered[U + g] and g != a
-              and members[g] & ~members[sched[0]] == 0 and size[g] > size[a]
-              and need[k, U + a] == 1]
+              and members[g] & ~members[sched[0]] == 0 and size[g] > size[a]]
     if inside:
       b = max(inside, key=lambda g: (size[g], -g))
       out[k] = (U + a, U + b)

@@ -599,11 +599,9 @@ def _through_memory(block: Block, deps: list[list[tuple]]) -> list[list[tuple]]:
   if source:
     for x, edges in enumerate(out):
       new = []
-      for e in edges:
-        if e[0] in source and e[2] not in _KEPT_ROLES and e[4] == -1:
-          new += [(p, d, role, *e[3:]) for p, d, role in resolve(*e[:3])]
-        else:
-          new.append(e)
+      for e in edges:  # reads follow renamed loads; write-after-write edges stay
+        new += ([(p, d, role, *e[3:]) for p, d, role in resolve(*e[:3])] if e[4] == -1
+                else [e])
       out[x] = new
   return out
 

@@ -150,10 +150,10 @@ def _renamable(block: Block, p: int, dist: int, c: int, s: tuple, x: tuple) -> b
   """Whether load c can take store p's value without going through memory (memory
   renaming, as Zen 2 documents it): the same address written the same way, through
   base and index registers that nothing from the store to the load rewrites (the
-  same physical registers), or a pop of what a push stored. Unlike Zen 2's, at any
-  width: Zen 5 runs `orb $16, 31(%rbx)` at 1 cycle an iteration. Measured on Zen 5: such a pair costs
-  no forwarding (a read-modify-write of one stack slot runs 1 cycle an iteration),
-  while the same bytes through another register cost about 7."""
+  same physical registers), or a pop of what a push stored; unlike Zen 2's, at any
+  width. Measured on Zen 5: such a pair costs no forwarding (`orb $16, 31(%rbx)` and a
+  read-modify-write of one stack slot run 1 cycle an iteration), while the same bytes
+  through another register cost about 7."""
   if s[:2] != x[:2]:
     return False
   if block.instrs[p].stack and block.instrs[c].stack:

@@ -25,7 +25,7 @@ _ZEN5_ALU_COSTS = {
 _LOADED = ("Zn3LSU", "Zn3Load", "Zn3AGU012")
 # Cycles a load that takes a forwarded store's data waits beyond the data's producer,
 # on top of its own latency: `movq (%r12),%rdi; movq %rdi,(%rbx)` measures 7 cycles an
-# iteration on Zen 5 (../shared/data/measured), the load's 5 plus 2.
+# iteration in the project's Zen 5 measurements (zen5-measured.csv), the load's 5 plus 2.
 _ZEN5_FORWARDING = 2
 
 

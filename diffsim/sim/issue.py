@@ -219,7 +219,7 @@ def issue_round(state: State, facts: Facts, members) -> State:
   slots, valid = _best(key, K, state.head)
   dyn_k = dyn[slots]
   c_k = state.index[slots]
-  store_k = ordered[slots]
+  ordered_k = ordered[slots]
   mem_k = (facts.may_load[c_k] | facts.may_store[c_k])
   older = jnp.sum(unissued[None, :] & is_mem[None, :] & (dyn[None, :] < dyn_k[:, None]),
                   axis=-1)
@@ -250,7 +250,7 @@ def issue_round(state: State, facts: Facts, members) -> State:
     row = {name: v[k] for name, v in rows.items()}
     go = valid[k] & ~jnp.any(issued & wakes_k)
     ok = go & can_take(res, row, members, t)
-    ok &= ~store_k[k] | (older[k] == done_older[k])
+    ok &= ~ordered_k[k] | (older[k] == done_older[k])
     res = take(res + (jnp.full((uses, 2), -1, jnp.int32),), row, members, t, ok,
                dyn_k[k] if record else None)
     res, rec = res[:-1], res[-1]
