@@ -283,3 +283,14 @@ def test_params_names_what_stops_a_table(tmp_path, capsys):
   err = capsys.readouterr().err
   assert "cannot build a table for btver2" in err and "JFPU01" in err
   assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize("command", [["decode"], ["simulate", "--params", "haswell"]])
+def test_commands_read_the_bhive_corpus_format(tmp_path, capsys, command):
+  corpus = tmp_path / "blocks.csv"
+  corpus.write_bytes(("hex,apps,frequency\r\n" + "".join(
+      f"{h},openblas-sgeev.goto,{i}\r\n" for i, h in enumerate(GOOD[:2]))).encode())
+  assert main([command[0], str(corpus), *command[1:], "-o", str(tmp_path / "out")]) == 0
+  assert "bad-row" not in capsys.readouterr().err
+  out = (tmp_path / "out").read_text()
+  assert all(h in out for h in GOOD[:2]) and "error" not in out.split("\n", 1)[1]

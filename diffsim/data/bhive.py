@@ -152,8 +152,10 @@ def _read_text(path: Path) -> str:
     raise ValueError(f"{path}:{line}: not UTF-8 text, not a CSV file") from None
 
 
-def _parse(path: Path) -> tuple[list[str] | None, list[Row]]:
-  """The header (or None) and every data row of a BHive CSV file."""
+def _parse(path: Path) -> tuple[list[str] | None, list[Row], bool]:
+  """The header (or None), every data row of a BHive CSV file, and whether column 2
+  holds labels: it does unless none of its values is a number (the BHive corpus's
+  own `hex,apps,frequency` lists application names there)."""
   text = _read_text(path)
   records: list[tuple[int, tuple[str, ...]]] = []  # (first physical line, fields)
   reader = csv.reader(io.StringIO(text, newline=""))
@@ -179,19 +181,21 @@ def _parse(path: Path) -> tuple[list[str] | None, list[Row]]:
       header = [f.strip() for f in first]
       start = 1
   width = len(header) if header else None
+  seconds = [f[1].strip() for _, f in records[start:] if len(f) > 1 and f[1].strip()]
+  labelled = not seconds or any(_is_number(v) for v in seconds)
   rows = []
   for k, fields in records[start:]:
     if not fields or all(not f.strip() for f in fields):
       rows.append(Row(k, None, math.nan, fields, "empty line"))
       continue
     hx, err = _check_hex(fields[0])
-    y, lerr = _check_label(fields[1]) if len(fields) > 1 else (math.nan, None)
+    y, lerr = _check_label(fields[1]) if labelled and len(fields) > 1 else (math.nan, None)
     err = err or lerr
     if err is None and width is not None and len(fields) > width:
       err = f"{len(fields)} fields, but the header has {width}"
     rows.append(Row(k, hx if err is None else None, y if err is None else math.nan,
                     fields, err))
-  return header, rows
+  return header, rows, labelled
 
 
 def load_rows(path: str | Path) -> list[Row]:
@@ -223,7 +227,8 @@ def load_csv(path: str | Path, *, dedupe: bool = True) -> Dataset:
 
   Args:
     path: the CSV file: hex, then optionally cycles per 100 iterations, then any
-      extra columns; header optional.
+      extra columns; header optional. A second column none of whose values is a number
+      is an extra column, not labels (the BHive corpus's `hex,apps,frequency`).
     dedupe: merge repeated blocks (first occurrence kept, median label).
 
   Returns:
@@ -239,18 +244,19 @@ def load_csv(path: str | Path, *, dedupe: bool = True) -> Dataset:
   (3000, 'cycles_per_100_iterations')
   """
   path = Path(path)
-  header, rows = _parse(path)
+  header, rows, labelled = _parse(path)
   good = [r for r in rows if r.error is None]
   errors = tuple((r.line, r.error) for r in rows if r.error is not None)
   if rows and not good:
     line, reason = errors[0]
     raise ValueError(f"{path}:{line}: no usable rows in the file; first: {reason}")
   ncols = max((len(r.fields) for r in good), default=0)
+  extra_from = 2 if labelled else 1  # the first extra column
   if header:
-    names = header[2:] + [f"col{i}" for i in range(len(header), ncols)]
+    names = header[extra_from:] + [f"col{i}" for i in range(max(len(header), extra_from), ncols)]
   else:
-    names = [f"col{i}" for i in range(2, ncols)]
-  label = header[1] if header and len(header) > 1 else ""
+    names = [f"col{i}" for i in range(extra_from, ncols)]
+  label = header[1] if labelled and header and len(header) > 1 else ""
 
   keep = list(range(len(good)))
   ys = np.array([r.y for r in good], dtype=np.float64)
@@ -271,7 +277,7 @@ def load_csv(path: str | Path, *, dedupe: bool = True) -> Dataset:
         finite = [v for v in labels if not math.isnan(v)]
         ys[j] = float(np.median(finite)) if finite else math.nan
   extra = {}
-  for c, name in enumerate(names, start=2):
+  for c, name in enumerate(names, start=extra_from):
     extra[name] = _column([good[k].fields[c] if c < len(good[k].fields) else ""
                            for k in keep])
   return Dataset(

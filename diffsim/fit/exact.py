@@ -89,8 +89,8 @@ def apply(p: dict[str, np.ndarray], k: int, move: Move,
     p["read_advance"][k] = new
   elif move.field == "forward":  # cycles a forwarded store's data costs a load
     row = p["read_advance"][k]
-    if row[_MEM_READ] == 0 or not -12 <= row[_MEM_READ] - move.delta <= -1:
-      return False  # loads only (they carry one), and a forward costs 1 to 12 cycles
+    if not -12 <= row[_MEM_READ] - move.delta <= 0:
+      return False  # a forward costs a load 0 to 12 cycles (`refine` moves loads only)
     row[_MEM_READ] -= move.delta
   elif move.field == "uops":
     new = p["uops"][k] + move.delta
@@ -388,6 +388,7 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
   rows = [k for k, ids in index.judges.items() if len(ids) >= min_blocks
           and not (frozen and frozen(k))]
   doubled, K = variants(table), len(table.layout.keys)
+  may_load = np.asarray(table.structure.may_load)
   vports = {K + k: (a, b) for k, (a, b) in ports.items()}
   # Only the judging blocks decide anything, so only they are kept up to date.
   judged = np.unique(np.concatenate([index.judges[k] for k in rows]))
@@ -408,6 +409,8 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
         continue
       t0 = time.time()
       kept, pending, tried = [], rows, 0
+      if move.field == "forward":  # loads, where the table has memory dependences
+        pending = [k for k in rows if may_load[k] and table.layout.memory_dependences]
       for _ in range(passes):
         # Every pending opcode's move at once, each on its own variant row; those that
         # gain are applied together and kept where they still gain (`_verified`). The

@@ -212,6 +212,7 @@ class Renaming:
   move_elim: frozenset = frozenset()
   costs: tuple[tuple[str, int], ...] = ()
   memory: bool = False  # loads depend on the stores they read from (`isa.memory`)
+  memory_renaming: str = "operand"  # which of them skip memory (`isa.memory.RENAMING`)
 
   def cost(self, write) -> int:
     """Physical registers `write` (an ir.Write) takes in its file: a vector write by
@@ -237,7 +238,8 @@ def renaming_for(table) -> Renaming | None:
   keys = table.layout.keys
   elim = frozenset(keys[k] for k in np.flatnonzero(flags)) if movers else frozenset()
   costs = tuple(pair for pairs in table.layout.file_costs for pair in pairs)
-  return Renaming(kinds=kinds, move_elim=elim, costs=costs, memory=memory)
+  return Renaming(kinds=kinds, move_elim=elim, costs=costs, memory=memory,
+                  memory_renaming=getattr(table.layout, "memory_renaming", "operand"))
 
 
 # An eliminated swap aliases both of its registers to the one llvm-mca reads first
@@ -566,20 +568,21 @@ class Encoding:
     return len(self.instrs)
 
 
-def _through_memory(block: Block, deps: list[list[tuple]]) -> list[list[tuple]]:
+def _through_memory(block: Block, deps: list[list[tuple]], renaming: str = "operand"
+                    ) -> list[list[tuple]]:
   """`deps` with the dependences that run through memory (`memory_edges`), each in the
   load's mem read class (its read-advance there is minus the forwarding latency):
   - forwarded: the load waits for the store (its MEM write: a read-modify-write's
     result) and for what produced the store's register data, since a store's data
     may arrive after the store issued (its read-advance);
-  - renamed (`memory._renamable`): the loaded register's readers read the store's
+  - renamed (`memory._renamable` under the CPU's `renaming` policy): the loaded register's readers read the store's
     data producer directly, as after an eliminated move, and through any renamed
     load that produced it in turn (a store of an immediate, or of its own
     read-modify-write, leaves them none)."""
   explicit = READ_CLASSES.index("flags")  # classes below it: explicit register sources
   out = [list(d) for d in deps]
   source: dict[int, list[tuple]] = {}  # renamed load -> [(producer, distance, role)]
-  for c, stores in enumerate(memory_edges(block)):
+  for c, stores in enumerate(memory_edges(block, renaming)):
     for s, dist, renamed in stores:
       data = [(p, dist + dp, role, first, last) for p, dp, role, cls, waw, first, last
               in deps[s] if cls < explicit and waw == -1]
@@ -627,7 +630,7 @@ def encode_block(block: Block, keys: Mapping[str, int], renaming: Renaming | Non
     history, alloc, elim = _rename_history(block, renaming, movable)
     deps = _ranged_edges(history)
   if renaming is not None and renaming.memory:
-    deps = _through_memory(block, deps)
+    deps = _through_memory(block, deps, renaming.memory_renaming)
   instrs, writes, edges = [], [], []
   for c, ins in enumerate(block.instrs):
     key = key_of(ins)

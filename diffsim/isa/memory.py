@@ -146,17 +146,30 @@ def _overlap(x: tuple, y: tuple) -> bool:
 _LATE = 7  # the iteration whose edges must match the second's (`memory_edges`)
 
 
-def _renamable(block: Block, p: int, dist: int, c: int, s: tuple, x: tuple) -> bool:
+# How a CPU renames memory (`global.memory_renaming`), measured on the CPUs the project
+# has data for with blocks like `movq %rax,8(%rbx); movq 8(%rcx),%rax; imulq %rax,%rax`:
+# - "operand" (Zen 2's documented rule; Zen 5): the same address written the same way
+#   through unmodified base and index registers, or a pop of what a push stored;
+# - "address" (Intel Golden Cove / Redwood Cove, measured on the Xeon 6 with
+#   `diffsim measure`): the same address through any base register and a displacement,
+#   for 1, 4 and 8-byte general-purpose data. Indexed addresses, 16-bit and vector data
+#   and the store of a read-modify-write with a register source are forwarded instead
+#   (5, 5, 6 and 6 cycles more than renamed), while `addq $1,8(%rbx)` runs at 1 cycle.
+RENAMING = ("operand", "address")
+
+
+def _renamable(block: Block, p: int, dist: int, c: int, s: tuple, x: tuple,
+               policy: str = "operand") -> bool:
   """Whether load c can take store p's value without going through memory (memory
-  renaming, as Zen 2 documents it): the same address written the same way, through
-  base and index registers that nothing from the store to the load rewrites (the
-  same physical registers), or a pop of what a push stored; unlike Zen 2's, at any
-  width. Measured on Zen 5: such a pair costs no forwarding (`orb $16, 31(%rbx)` and a
-  read-modify-write of one stack slot run 1 cycle an iteration), while the same bytes
-  through another register cost about 7."""
+  renaming; `RENAMING` gives the policies and their evidence). Renamed pairs cost no
+  forwarding: on Zen 5, `orb $16, 31(%rbx)` and a read-modify-write of one stack slot
+  run 1 cycle an iteration, while the same bytes through another register cost about 7."""
+  store, load = block.instrs[p], block.instrs[c]
+  if policy == "address":
+    return _renamed_by_address(store, load, s, x)
   if s[:2] != x[:2]:
-    return False
-  if block.instrs[p].stack and block.instrs[c].stack:
+    return False  # another start or width
+  if store.stack and load.stack:
     return True  # push then pop: the stack engine's offsets name the slot
   if s[4] != x[4] or s[4][0] in ("RIP", "EIP"):
     return False
@@ -166,12 +179,29 @@ def _renamable(block: Block, p: int, dist: int, c: int, s: tuple, x: tuple) -> b
   return not any(w.reg in regs for i in between for w in block.instrs[i].writes)
 
 
-def memory_edges(block: Block) -> list[list[tuple[int, int, bool]]]:
+_VECTOR = ("XMM", "YMM", "ZMM")
+
+
+def _renamed_by_address(store: Instr, load: Instr, s: tuple, x: tuple) -> bool:
+  """The "address" policy of `RENAMING` for one (store access s, load access x)."""
+  if s[0] != x[0] or x[1] > s[1] or s[1] == 2 or x[1] == 2:
+    return False  # another start, a wider load or 16-bit data
+  if any(a[4][1] or a[4][0] in ("RIP", "EIP") for a in (s, x)):
+    return False  # indexed or RIP-relative
+  if any(r.reg.startswith(_VECTOR) for ins in (store, load) for r in (*ins.reads, *ins.writes)):
+    return False
+  rmw_source = store.loads and any(r.role.startswith("op") and r.reg != "EFLAGS"
+                                   for r in store.reads)
+  return not rmw_source
+
+
+def memory_edges(block: Block, renaming: str = "operand") -> list[list[tuple[int, int, bool]]]:
   """Per instruction: [(store, distance, renamable)] for each of its loads that reads
   bytes an older store wrote (the youngest such store; distance 0 this iteration, 1
   the previous one), in the steady state: pointers that move at different strides
   meet only in the first iterations, so an edge counts only when it holds in the
-  second iteration and in the eighth. renamable: see `_renamable`."""
+  second iteration and in the eighth. renamable: see `_renamable` (renaming: a
+  policy of `RENAMING`)."""
   acc = accesses(block, iterations=_LATE + 1)
   n = len(block.instrs)
 
@@ -190,6 +220,6 @@ def memory_edges(block: Block) -> list[list[tuple[int, int, bool]]]:
   out: list[list[tuple[int, int, bool]]] = []
   for c in range(n):
     late = {e[:2] for e in edges(_LATE, c)}
-    out.append([(p, dist, _renamable(block, p, dist, c, s, x))
+    out.append([(p, dist, _renamable(block, p, dist, c, s, x, renaming))
                 for p, dist, s, x in edges(1, c) if (p, dist) in late])
   return out

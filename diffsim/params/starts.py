@@ -118,25 +118,34 @@ def graniterapids_facts(skylake: dict) -> dict:
   - 2 stores per cycle (4 stores 1.98 cycles): store data on ports 4 and 9, store
     addresses on 7 and 8 as well as 2 and 3;
   - 6-wide rename and a 512-entry ROB (Golden Cove, Intel's Architecture Day 2021);
-  - the stack engine and separate store data (`_stack_engine_and_store_data`).
-  Loads stay 2 per cycle, as measured (8 loads from one address 4.02 cycles).
+  - the stack engine and separate store data (`_stack_engine_and_store_data`);
+  - integer division as measured (`_GNR_DIVIDE`), where skylake's takes 76-102 cycles;
+  - memory dependences with Intel's memory renaming (`memory.RENAMING`, "address"),
+    forwarded loads waiting no longer than the load itself (`movq %rax,8(%rbx,%rcx);
+    movq 8(%rbx,%rcx),%rax` 5.0 cycles an iteration, a load's latency).
+  - 3 load ports (Golden Cove's 2, 3 and 11): 6 loads from one cache line take 2.0
+    cycles, though 6 from one address take 3.0 (not modelled).
   """
   d = copy.deepcopy(skylake)
   d["cpu"] = "graniterapids-facts"
   d["source"] = ("skylake (llvm-mca 14) changed by measured Xeon 6 rates and Golden Cove's "
                  "widths (diffsim.params.starts)")
-  d["global"].update(dispatch_width=6, rob_size=512)
+  d["global"].update(dispatch_width=6, rob_size=512, memory_dependences=True,
+                     memory_renaming="address")
   units = [r for r in d["resources"] if "members" not in r]
   groups = [r for r in d["resources"] if "members" in r]
-  units += [{"name": n, "units": 1, "buffer": -1} for n in ("SKLPort8", "SKLPort9", "SKLPort10")]
+  added = ("SKLPort8", "SKLPort9", "SKLPort10", "SKLPort11")
+  units += [{"name": n, "units": 1, "buffer": -1} for n in added]
   for gr in groups:
     m = gr["members"]
-    if "SKLPort6" in m or gr["name"] == "SKLPortAny":
+    if "SKLPort6" in m:
       m.append("SKLPort10")
     if "SKLPort7" in m:
       m.append("SKLPort8")
+    if "SKLPort2" in m:
+      m.append("SKLPort11")
     if gr["name"] == "SKLPortAny":
-      m += ["SKLPort8", "SKLPort9"]
+      m += [n for n in added if n not in m]
   groups.append({"name": "SKLPort49", "members": ["SKLPort4", "SKLPort9"], "buffer": -1})
   d["resources"] = units + groups
   for key, op in d["opcodes"].items():
@@ -144,8 +153,31 @@ def graniterapids_facts(skylake: dict) -> dict:
     if res:
       op["resources"] = res
     _stack_engine_and_store_data(key, op)
+    _divide(key, op, _GNR_DIVIDE, "SKLDivider", "SKLPort23")
     op.pop("kept", None)
   return d
+
+
+# Integer division on the Xeon 6, measured with `diffsim measure`: 8-32 bits latency 12
+# (`cltd; idivl %ecx` 12.0 cycles an iteration), one every 6 cycles (`movl %edi,%eax;
+# cltd; idivl %esi` 6.0); 64 bits 15 and 10 (`cqto; idivq %rcx` 15.0; `movq %rdi,%rax;
+# xorl %edx,%edx; divq %rsi` 10.0). Golden Cove's 4 micro-ops (uops.info).
+_GNR_DIVIDE = {8: (12, 6), 16: (12, 6), 32: (12, 6), 64: (15, 10)}
+_LOAD_LATENCY = 5
+
+
+def _divide(key: str, op: dict, costs: dict, divider: str, load_port: str) -> None:
+  """Integer DIV/IDIV of `key` (register and memory forms) at `costs`' (latency,
+  cycles of the divider) for its width, plus one ALU micro-op and a load's."""
+  m = re.fullmatch(r"I?DIV(8|16|32|64)(r|m)", key.split("@")[0])
+  if not m:
+    return
+  latency, cycles = costs[int(m.group(1))]
+  loaded = m.group(2) == "m"
+  op.update(uops=4 + loaded, latency=latency + (_LOAD_LATENCY if loaded else 0),
+            resources=[[divider, cycles], ["SKLPort0", 1]] + ([[load_port, 1]] if loaded else []))
+  for normalised in ("write_latency", "kept", "touched", "buffers"):
+    op.pop(normalised, None)
 
 
 # name -> (the llvm-mca table it starts from, the change)

@@ -111,6 +111,7 @@ class Layout:
   # Loads depend on the older stores whose bytes they read (`diffsim.isa.memory`); off
   # in llvm-mca's model, which never compares addresses.
   memory_dependences: bool = False
+  memory_renaming: str = "operand"  # which loads skip memory (`diffsim.isa.memory.RENAMING`)
 
   @property
   def num_resources(self) -> int:
@@ -122,7 +123,8 @@ class Layout:
 
   def __hash__(self):
     return hash((self.cpu, len(self.keys), self.units, self.groups, self.group_members,
-                 self.max_direct_units, self.max_kept_groups, self.memory_dependences))
+                 self.max_direct_units, self.max_kept_groups, self.memory_dependences,
+                 self.memory_renaming))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +237,14 @@ def implied_units(kept, group_kinds: Mapping[str, set], order: Mapping[str, int]
 
 def _reg_kind(classes) -> tuple[str, ...]:
   return tuple(c for c in classes if c in REG_KINDS)
+
+
+def _memory_renaming(g: Mapping[str, Any]) -> str:
+  from diffsim.isa.memory import RENAMING
+  policy = g.get("memory_renaming", "operand")
+  if policy not in RENAMING:
+    raise ValueError(f"global.memory_renaming {policy!r}: expected one of {', '.join(RENAMING)}")
+  return policy
 
 
 def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
@@ -351,7 +361,8 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
       unsupported=tuple(sorted(unsupported.items())),
       max_direct_units=max(1, int((cyc[:, :len(units)] > 0).sum(1).max(initial=0))),
       max_kept_groups=max(1, int((cyc[:, len(units):] > 0).sum(1).max(initial=0))),
-      memory_dependences=bool(g.get("memory_dependences", False)))
+      memory_dependences=bool(g.get("memory_dependences", False)),
+      memory_renaming=_memory_renaming(g))
   # The resource model and globals as written, so that `export.to_json` can write
   # them back (the arrays keep only what the simulator needs).
   source = {"cpu": doc.get("cpu"), "source": doc.get("source"), "format": doc.get("format"),

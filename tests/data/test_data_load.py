@@ -101,3 +101,18 @@ def test_take(tmp_path):
   sub = ds.take([2, 0])
   assert sub.hex == ("4801c8", "01c8") and sub.y.tolist() == [3.0, 1.0]
   assert sub.extra["a"] == ("z", "x") and sub.line == (4, 2)
+
+
+def test_the_bhive_corpus_format_with_crlf_reads_its_names_as_a_column(tmp_path):
+  # BHive's own blocks.csv lists application names where measured files have labels.
+  p = tmp_path / "corpus.csv"
+  p.write_bytes(b"hex,apps,frequency\r\n4801d8,openblas-sgeev.goto,12\r\n"
+                b"480fafc3,redis-server,3\r\n")
+  ds = load_csv(p)
+  assert ds.hex == ("4801d8", "480fafc3") and ds.errors == () and ds.label == ""
+  assert np.isnan(ds.y).all()
+  assert ds.extra == {"apps": ("openblas-sgeev.goto", "redis-server"), "frequency": (12.0, 3.0)}
+  assert [r.error for r in load_rows(p)] == [None, None]
+  # One number in the column makes it labels again, and the names are bad labels.
+  p.write_text("hex,y\n4801d8,100\n480fafc3,redis-server\n")
+  assert "not a number" in dict(load_csv(p).errors)[3]

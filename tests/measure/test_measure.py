@@ -209,3 +209,13 @@ def test_quiet_canary_speed_survives_a_mostly_busy_run():
   assert np.percentile(history, 10) > 2.1
   assert _lowest_cluster(history) == pytest.approx(2.0, rel=0.01)
   assert _lowest_cluster(np.array([2.0, 2.5])) == np.inf  # too few passes to say
+
+
+def test_cli_measures_the_bhive_corpus_format(tmp_path):
+  src = tmp_path / "blocks.csv"
+  src.write_bytes(b"hex,apps,frequency\r\n4801d8,openblas-sgeev.goto,12\r\n")
+  out = tmp_path / "out.csv"
+  assert main(["measure", str(src), "-o", str(out), "--passes", "2", "--rounds", "16"]) == 0
+  rows = list(csv.reader(out.open()))
+  assert rows[1][0] == "4801d8" and rows[1][3] == ""
+  assert float(rows[1][1]) == pytest.approx(100.0, rel=CLI_RTOL)

@@ -35,3 +35,16 @@ def test_zen5_facts_runs_the_documented_rates_where_znver3_does_not():
   muls = "imulq $3, %rcx, %rdx\nimulq $5, %rcx, %rsi\nimulq $7, %rcx, %rdi"
   assert np.isclose(steady(zen5, muls), 100.0)  # 3 multipliers
   assert np.isclose(steady(znver3, muls), 300.0)
+
+
+def test_graniterapids_facts_runs_the_rates_measured_on_the_xeon_6():
+  gnr, skylake = load_table("graniterapids-facts"), load_table("skylake")
+  loads = "\n".join(f"movq {8 * i}(%rdi), %r{8 + i}" for i in range(6))
+  assert steady(gnr, loads) == 200.0  # 3 load ports: 6 loads in 2.0 cycles
+  assert steady(skylake, loads) == 300.0
+  assert steady(gnr, "cltd\nidivl %ecx") == 1300.0  # cltd 1 + idivl 12 (skylake 102)
+  # Memory renamed through another register: no chain through memory (0.62 measured).
+  assert steady(gnr, "movq %rax, 8(%rbx)\nmovq 8(%rcx), %rax\nimulq %rax, %rax") == 300.0
+  # An indexed pair is forwarded: store data -> load (5) -> imul (3), 8.0 measured.
+  assert steady(gnr, "movq %rax, 8(%rbx,%rcx)\nmovq 8(%rbx,%rcx), %rax\n"
+                "imulq %rax, %rax") == 800.0
