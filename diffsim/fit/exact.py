@@ -10,7 +10,9 @@ swapped for the moved copy. The moves that gain are then applied together and ea
 is kept only where it still gains with the others in place (`_verified`); the ones
 dropped are judged again against the table with the kept moves. Besides the numbers,
 an opcode may move to a wider group of its scheduler's pipes (`port_moves`): the
-port sets follow the evidence too.
+port sets follow the evidence too. Global moves (the dispatch width) change every
+block, so they are judged on all the judging blocks at once (the ROB size is not
+searched: every size compiles the simulator anew).
 
 The objective is the metric that is reported: MAPE of the steady-state throughput
 (BHive's definition, 100 and 200 iterations) against the measurements.
@@ -22,6 +24,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
+import jax
 import numpy as np
 
 from diffsim.isa.encode import key_lookup, renaming_for
@@ -42,14 +45,18 @@ class Move:
   """One kind of change to one opcode's row: `field` by `delta` (see `apply`)."""
 
   field: str  # "latency" | "uops" | "cycles" | "pipelined" | "advance" | "forward" | "port"
+  #             or global (`GLOBAL`): "dispatch"
   delta: int = 0
 
   def __str__(self) -> str:
     return self.field if self.field in ("pipelined", "port") else f"{self.field} {self.delta:+d}"
 
 
+# Moves of the table's global numbers: the field each changes, and its range.
+GLOBAL = {"dispatch": ("dispatch_width", 1, 16)}
 # The moves of `diffsim fit --exact`, in the order each round tries them.
-MOVES = (Move("latency", -1), Move("latency", +1), Move("uops", -1), Move("uops", +1),
+MOVES = (Move("dispatch", +1), Move("dispatch", -1),
+         Move("latency", -1), Move("latency", +1), Move("uops", -1), Move("uops", +1),
          Move("cycles", -1), Move("cycles", +1), Move("pipelined"), Move("port"),
          Move("advance", +1), Move("advance", -1), Move("forward", +1), Move("forward", -1))
 
@@ -60,7 +67,13 @@ def apply(p: dict[str, np.ndarray], k: int, move: Move,
   does not apply (the value would leave its physical range, or nothing would change).
   A port move shifts row k's cycles from column a to column b, (a, b) = `ports[k]`
   (`port_moves`)."""
-  if move.field == "port":
+  if move.field in GLOBAL:  # k is not used
+    name, low, high = GLOBAL[move.field]
+    new = float(p[name]) + move.delta
+    if not low <= new <= high:
+      return False
+    p[name] = np.float32(new)
+  elif move.field == "port":
     if not ports or k not in ports:
       return False
     a, b = ports[k]
@@ -409,6 +422,21 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
         continue
       t0 = time.time()
       kept, pending, tried = [], rows, 0
+      if move.field in GLOBAL:  # one number for every block: judged on all of them
+        pending = []
+        while tried < 8:
+          q = {name: a.copy() for name, a in p.items()}
+          if not apply(q, -1, move):
+            break
+          tried += 1
+          new = _errors(judge(_table(table, q), judged), y[judged])
+          # Each value compiles its own programs (the dispatch group and the window are
+          # static): drop them, or a process runs out of memory mappings for them.
+          jax.clear_caches()
+          if err[judged].mean() - new.mean() < min_gain / 4:
+            break
+          p, err[judged] = q, new
+          kept.append(-1)
       if move.field == "forward":  # loads, where the table has memory dependences
         pending = [k for k in rows if may_load[k] and table.layout.memory_dependences]
       for _ in range(passes):

@@ -484,16 +484,17 @@ def table_key(ins, keys: Mapping[str, int]) -> str | None:
 
   Tables may refine a key by condition code (`SETCCr@a`: LLVM 14 folds the condition
   into an operand, and Intel models cost `seta`/`setbe` differently) or by the slow
-  forms of LEA (`LEA64r@3op`, `LEA64r@scale`: Zen 3) or by a zero immediate
+  forms of LEA (`LEA64r@3op`, `LEA64r@scale`: Zen 3; `LEA64r@index`: any indexed
+  address, `idioms.lea_keys`) or by a zero immediate
   (`SBB64ri8@imm0`: Haswell), and may lack a `@same` variant that a CPU does not
   special-case (then the plain opcode applies).
   """
   m = _CONDITION.match(ins.mnemonic)
   if m and "@" not in ins.key and f"{ins.key}@{m.group('cc')}" in keys:
     return f"{ins.key}@{m.group('cc')}"
-  lea = idioms.lea_variant(ins.opcode, ins.text)
-  if lea and ins.key + lea in keys:
-    return ins.key + lea
+  for lea in idioms.lea_keys(ins.opcode, ins.text):
+    if ins.key + lea in keys:
+      return ins.key + lea
   imm = idioms.imm_variant(ins.text)
   if imm and ins.key + imm in keys:
     return ins.key + imm

@@ -55,6 +55,10 @@ def variant_key(opcode: str, sources: list[str]) -> str:
 # (three-operand wins) where they cost something other than the plain opcode.
 LEA_3OP = "@3op"
 LEA_SCALE = "@scale"
+# Any LEA with an index register: Intel's Golden Cove line runs a base + displacement
+# LEA at rename (6 a cycle, no latency, measured on the Xeon 6) and an indexed one on
+# an ALU (1 cycle), so a table may key the indexed ones `OPCODE@index`.
+LEA_INDEX = "@index"
 LEA_OPCODES = frozenset({"LEA16r", "LEA32r", "LEA64r", "LEA64_32r"})
 _LEA_ADDRESS = re.compile(
     r"^\s*lea[wlq]?\s+(?P<disp>[^(,\s]*)\((?P<base>%[a-z0-9]+)?"
@@ -82,6 +86,18 @@ def lea_variant(opcode: str, text: str) -> str:
   if m.group("scale") not in (None, "1"):
     return LEA_SCALE
   return ""
+
+
+def lea_keys(opcode: str, text: str) -> tuple[str, ...]:
+  """The LEA variant suffixes a table may know an instruction by, most specific first
+  (`lea_variant`, then LEA_INDEX for any indexed address)."""
+  if opcode not in LEA_OPCODES:
+    return ()
+  m = _LEA_ADDRESS.match(text)
+  if m is None or m.group("index") is None:
+    return ()
+  slow = lea_variant(opcode, text)
+  return (slow, LEA_INDEX) if slow else (LEA_INDEX,)
 
 
 # Zero-immediate classes. Haswell resolves `adc`/`sbb` with an immediate of 0 to a

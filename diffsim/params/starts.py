@@ -16,6 +16,8 @@ import copy
 import re
 from typing import Callable
 
+from diffsim.isa.idioms import LEA_INDEX, LEA_OPCODES, LEA_SCALE
+
 # Instructions whose Zen 5 latency and throughput the facts give (ILX), by opcode prefix:
 # (latency, resource group, cycles).
 _ZEN5_ALU_COSTS = {
@@ -123,6 +125,9 @@ def graniterapids_facts(skylake: dict) -> dict:
   - memory dependences with Intel's memory renaming (`memory.RENAMING`, "address"),
     forwarded loads waiting no longer than the load itself (`movq %rax,8(%rbx,%rcx);
     movq 8(%rbx,%rcx),%rax` 5.0 cycles an iteration, a load's latency).
+  - a 64-bit LEA of base + displacement at rename (`leaq 8(%rdi),%rdi` 0.16 cycles an
+    iteration, 6 a cycle), an indexed one on an ALU (1.0), a scaled one in 2 cycles
+    (`leaq (%rdi,%rcx,4),%rdi` 2.0): `LEA64r@index` and `@scale` keys;
   - 3 load ports (Golden Cove's 2, 3 and 11): 6 loads from one cache line take 2.0
     cycles, though 6 from one address take 3.0 (not modelled).
   """
@@ -148,6 +153,10 @@ def graniterapids_facts(skylake: dict) -> dict:
       m += [n for n in added if n not in m]
   groups.append({"name": "SKLPort49", "members": ["SKLPort4", "SKLPort9"], "buffer": -1})
   d["resources"] = units + groups
+  for key in [k for k in d["opcodes"] if k in LEA_OPCODES]:  # indexed LEAs on an ALU
+    d["opcodes"][key + LEA_INDEX] = copy.deepcopy(d["opcodes"][key])
+    d["opcodes"][key + LEA_SCALE] = dict(copy.deepcopy(d["opcodes"][key]), latency=2)
+  d["opcodes"]["LEA64r"].update(latency=0, resources=[])  # base + displacement: at rename
   for key, op in d["opcodes"].items():
     res = [["SKLPort49", c] if r == "SKLPort4" else [r, c] for r, c in op.get("resources", [])]
     if res:

@@ -118,3 +118,17 @@ def test_port_move_widens_the_execution_group_where_the_labels_say_so():
   assert got[k, b] > 0 and got[k, a] == 0
   others = np.flatnonzero(np.any(got != np.asarray(start.params.res_cycles), axis=1))
   assert others.tolist() == [k]
+
+
+def test_global_moves_recover_the_dispatch_width(short, truth):
+  table, y, *_ = truth  # haswell's labels; haswell dispatches 4 micro-ops a cycle
+  p = {k: np.array(v) for k, v in vars(table.params).items()}
+  p["dispatch_width"] = np.float32(2)
+  narrow = _with(table, p)
+  err0 = np.mean(np.abs(Judge(narrow, short)(narrow, np.arange(len(short))) - y) / y)
+  assert err0 > 0.05
+  moves = (Move("dispatch", +1), Move("dispatch", -1))
+  got = refine(narrow, short, y, moves, rounds=1, cap=24, log=lambda *_: None)
+  assert float(got.table.params.dispatch_width) == 4
+  # and nothing else moved
+  np.testing.assert_array_equal(got.table.params.latency, table.params.latency)

@@ -48,3 +48,13 @@ def test_graniterapids_facts_runs_the_rates_measured_on_the_xeon_6():
   # An indexed pair is forwarded: store data -> load (5) -> imul (3), 8.0 measured.
   assert steady(gnr, "movq %rax, 8(%rbx,%rcx)\nmovq 8(%rbx,%rcx), %rax\n"
                 "imulq %rax, %rax") == 800.0
+
+
+def test_graniterapids_facts_keys_leas_by_their_address_form():
+  gnr = load_table("graniterapids-facts")
+  assert steady(gnr, "leaq 8(%rdi), %rdi") < 20.0  # at rename: 0.16 measured
+  assert steady(gnr, "leaq 8(%rdi,%rcx), %rdi") == 100.0  # indexed, an ALU: 1.0
+  assert steady(gnr, "leaq (%rdi,%rcx,4), %rdi") == 200.0  # scaled: 2.0
+  # Tables without the variant keep one LEA for every form (skylake: 1 cycle).
+  skylake = load_table("skylake")
+  assert steady(skylake, "leaq 8(%rdi), %rdi") == steady(skylake, "leaq (%rdi,%rcx,4), %rdi")
