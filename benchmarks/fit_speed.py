@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 
-from diffsim.cli import _enable_compile_cache, mca_predict, tune_xla
+from diffsim.cli import mca_predict, tune_xla
+from diffsim.cli.common import enable_compile_cache
 from diffsim.data import load_csv, shared_data_dir, shipped
 
 
@@ -47,7 +48,7 @@ def main() -> None:
   ap.add_argument("--skip-mca", action="store_true")
   args = ap.parse_args()
   tune_xla()
-  _enable_compile_cache()
+  enable_compile_cache()
   from diffsim.fit.exact import MOVES, Judge, refine
   from diffsim.fit.learn import FitConfig, fit
   from diffsim.isa import decode_blocks
@@ -90,7 +91,7 @@ def main() -> None:
   rows.append((f"gradient epoch on {m} blocks (set-up {total - epoch:.0f} s)", epoch, m))
   rows.append((f"gradient epoch, scaled to {n} blocks", epoch * n / m, n))
   peer = next((s for name, s, _ in rows if name.startswith("llvm-mca")), None)
-  print(f"\n| step | seconds | blocks | blocks/s | x llvm-mca time |")
+  print("\n| step | seconds | blocks | blocks/s | x llvm-mca time |")
   print("|---|---|---|---|---|")
   for name, s, k in rows:
     ratio = f"{s / peer * n / k:.2f}" if peer else ""

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from diffsim.cli import _enable_compile_cache, mca_predict, sim_predict, tune_xla
+from diffsim.cli import mca_predict, sim_predict, tune_xla
+from diffsim.cli.common import enable_compile_cache
 from diffsim.data import load_csv, metrics, shared_data_dir, shipped
 from diffsim.data.split import split_ids
 from diffsim.isa import decode_blocks
@@ -103,7 +104,7 @@ def main() -> None:
                   help="copy the fitted table to diffsim/params/tables/NAME.json")
   args = ap.parse_args()
   tune_xla()
-  _enable_compile_cache()
+  enable_compile_cache()
   from diffsim.fit.exact import MOVES, refine
   from diffsim.fit.trees import OpcodeTrees
   from diffsim.params.export import to_json

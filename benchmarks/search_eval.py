@@ -50,9 +50,9 @@ def main() -> None:
   cache = Path(args.cache)
   os.environ.setdefault("DIFFSIM_SEARCH_CACHE", str(cache / "enum"))
 
-  from diffsim.cli import _enable_compile_cache
+  from diffsim.cli.common import enable_compile_cache
 
-  _enable_compile_cache()
+  enable_compile_cache()
   import jax
 
   from diffsim.search.blueprint import blueprint

@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from diffsim.cli import _enable_compile_cache, _put_llvm14_on_path
+from diffsim.cli.common import enable_compile_cache, put_llvm14_on_path
 
 # Silent broadcasting between arrays of different rank is a bug in this codebase
 # (style.md 6): make it fail loudly in every test.
@@ -25,7 +25,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # Debian's llvm-14 package alone puts its tools in /usr/lib/llvm-14/bin (and on PATH as
 # `llvm-mc-14`); modules that call `llvm-mc` by its plain name must find the same
 # LLVM 14 as `diffsim.mca` does, here as in the `diffsim` command.
-_put_llvm14_on_path()
+put_llvm14_on_path()
 
 # Compiled programs are kept on disk for this session only: the modules compile many
 # of the same simulator programs, and each module's in-memory copies are dropped when
@@ -36,7 +36,7 @@ if "DIFFSIM_CACHE_DIR" not in os.environ:
   _session_cache = tempfile.mkdtemp(prefix="diffsim-test-xla-")
   atexit.register(shutil.rmtree, _session_cache, ignore_errors=True)
   os.environ["DIFFSIM_CACHE_DIR"] = _session_cache
-_enable_compile_cache()  # as the `diffsim` command does, in this process too
+enable_compile_cache()  # as the `diffsim` command does, in this process too
 
 
 @pytest.fixture(scope="session")

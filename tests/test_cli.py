@@ -149,11 +149,11 @@ def test_simulate_agrees_with_llvm_mca(blocks_csv, oracle, tmp_path):
 def test_simulate_decoding_in_chunks_in_a_second_process(blocks_csv, tmp_path, monkeypatch):
   """Past one chunk of rows, a child process decodes while the simulator runs what is
   decoded; the rows come out as from one chunk decoded here."""
-  from diffsim import cli
+  from diffsim.cli import predict
 
   one, chunked = tmp_path / "one.csv", tmp_path / "chunked.csv"
   assert main(["simulate", str(blocks_csv), "--params", "haswell", "-o", str(one)]) == 0
-  monkeypatch.setattr(cli, "DECODE_CHUNK", 3)
+  monkeypatch.setattr(predict, "DECODE_CHUNK", 3)
   assert main(["simulate", str(blocks_csv), "--params", "haswell", "-o", str(chunked)]) == 0
   assert _read_predictions(chunked) == _read_predictions(one)
 

@@ -103,9 +103,9 @@ __all__ = [
     "summarize",
 ]
 
-# The llvm-mc executable; override for a non-Debian LLVM 14 install.
-def _llvm_mc() -> str:
-  """LLVM 14's llvm-mc: $DIFFSIM_LLVM_MC, else wherever Debian's packages put it."""
+def llvm_mc() -> str:
+  """LLVM 14's llvm-mc: $DIFFSIM_LLVM_MC (for a non-Debian install), else wherever
+  Debian's packages put it; looked up at each use, not at import."""
   if os.environ.get("DIFFSIM_LLVM_MC"):
     return os.environ["DIFFSIM_LLVM_MC"]
   from diffsim.mca.tools import find_llvm_tool
@@ -115,8 +115,6 @@ def _llvm_mc() -> str:
   except FileNotFoundError:
     return "llvm-mc"  # the error below names it
 
-
-LLVM_MC = _llvm_mc()
 
 # Failure categories (`DecodeError.reason`), stable across releases.
 REASONS = {
@@ -528,9 +526,9 @@ def _run_llvm_mc(args: list[str], stdin: str) -> subprocess.CompletedProcess:
     fin.write(stdin.encode())
     fin.seek(0)
     try:
-      proc = subprocess.run([LLVM_MC, *args], stdin=fin, stdout=fout, stderr=ferr, check=False)
+      proc = subprocess.run([llvm_mc(), *args], stdin=fin, stdout=fout, stderr=ferr, check=False)
     except FileNotFoundError as e:  # an environment problem, not a bad block
-      raise RuntimeError(f"{LLVM_MC} not found: diffsim.isa.decode needs LLVM 14's llvm-mc "
+      raise RuntimeError(f"{llvm_mc()} not found: diffsim.isa.decode needs LLVM 14's llvm-mc "
                          "on PATH (or DIFFSIM_LLVM_MC)") from e
     fout.seek(0)
     ferr.seek(0)

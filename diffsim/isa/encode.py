@@ -36,7 +36,7 @@ from diffsim.isa import idioms
 from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import FLAGS, Block
 from diffsim.isa.memory import memory_edges
-from diffsim.params.table import READ_CLASSES, REG_KINDS, WRITE_ROLES
+from diffsim.isa.roles import READ_CLASSES, REG_KINDS, WRITE_ROLES
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
 DEP_BUCKETS = (4, 8, 16, 32, 64)
@@ -576,10 +576,10 @@ def _through_memory(block: Block, deps: list[list[tuple]], renaming: str = "oper
   - forwarded: the load waits for the store (its MEM write: a read-modify-write's
     result) and for what produced the store's register data, since a store's data
     may arrive after the store issued (its read-advance);
-  - renamed (`memory._renamable` under the CPU's `renaming` policy): the loaded register's readers read the store's
-    data producer directly, as after an eliminated move, and through any renamed
-    load that produced it in turn (a store of an immediate, or of its own
-    read-modify-write, leaves them none)."""
+  - renamed (`memory._renamable` under the CPU's `renaming` policy): the loaded
+    register's readers read the store's data producer directly, as after an
+    eliminated move, and through any renamed load that produced it in turn (a store
+    of an immediate, or of its own read-modify-write, leaves them none)."""
   explicit = READ_CLASSES.index("flags")  # classes below it: explicit register sources
   out = [list(d) for d in deps]
   source: dict[int, list[tuple]] = {}  # renamed load -> [(producer, distance, role)]

@@ -19,7 +19,7 @@ import math
 import time
 from pathlib import Path
 
-from diffsim.cli import CliError, _add_input, _fmt, _hex_field, _positive_int, _read_rows, _say
+from diffsim.cli.common import CliError, add_input, fmt, hex_field, positive_int, read_rows, say
 
 
 def add_subcommand(subparsers) -> None:
@@ -32,18 +32,18 @@ def add_subcommand(subparsers) -> None:
                 "forked child; the TSC is calibrated to core cycles by an add chain "
                 "timed alongside. Then `diffsim fit OUT.csv --init znver3 --out DIR` "
                 "learns a table for this CPU.")
-  _add_input(p)
+  add_input(p)
   p.add_argument("-o", "--output", metavar="OUT.csv",
                  help="output CSV (needed unless --validate); also writes OUT.csv.json and, "
                       "while running, the resume log OUT.csv.partial")
   p.add_argument("--validate", action="store_true",
                  help="measure known chains and port-bound blocks and print them beside "
                       "their expected values (no input needed)")
-  p.add_argument("--passes", type=_positive_int, default=3,
+  p.add_argument("--passes", type=positive_int, default=3,
                  help="independent passes per block (default 3; 2 more when they disagree)")
-  p.add_argument("--rounds", type=_positive_int, default=32,
+  p.add_argument("--rounds", type=positive_int, default=32,
                  help="timed rounds per pass (default 32)")
-  p.add_argument("--max-pages", type=_positive_int, default=12,
+  p.add_argument("--max-pages", type=positive_int, default=12,
                  help="reject blocks that touch more scratch pages (default 12)")
   p.add_argument("--cpu", type=int, metavar="N",
                  help="core to run on (default: the last one available)")
@@ -92,7 +92,7 @@ def _write_csv(out: Path, rows: list, hexes: list, results: list, bad: dict) -> 
       err = r.error
       if i in bad:
         err = f"bad-row: {bad[i]}"
-      w.writerow([h if h is not None else _hex_field(rows[i]), _fmt(r.cycles),
+      w.writerow([h if h is not None else hex_field(rows[i]), fmt(r.cycles),
                   "" if r.spread is None else f"{r.spread:.4f}", err or ""])
 
 
@@ -103,12 +103,12 @@ def _measure(args: argparse.Namespace) -> int:
     raise CliError("measure needs -o OUT.csv (it keeps a resume log and a sidecar beside it)")
   out = Path(args.output)
   partial = Path(str(out) + ".partial")
-  path, rows = _read_rows(args)
-  hexes = [_hex_field(r) if r.hex is not None else None for r in rows]
+  path, rows = read_rows(args)
+  hexes = [hex_field(r) if r.hex is not None else None for r in rows]
   bad = {i: r.error for i, r in enumerate(rows) if r.hex is None}
   config = _config(args)
   if partial.exists():
-    _say(f"{partial}: resuming")
+    say(f"{partial}: resuming")
   t0 = time.perf_counter()
   try:
     results, stats = measure_hexes(hexes, config, log_path=partial, progress=args.progress)
@@ -143,13 +143,13 @@ def _measure(args: argparse.Namespace) -> int:
   rejected = ", ".join(f"{n} {why}" for why, n in sorted(stats.rejected.items(),
                                                          key=lambda kv: -kv[1]))
   rate = "" if math.isnan(stats.rate) else f", {stats.rate:.1f} blocks/s"
-  _say(f"{path}: {len(ok)} of {len(rows)} blocks measured on {describe_cpu(cpu)} "
+  say(f"{path}: {len(ok)} of {len(rows)} blocks measured on {describe_cpu(cpu)} "
        f"in {wall:.1f} s{rate}" + (f"; {stats.resumed} from the resume log" if stats.resumed
                                    else "") + (f"; rejected: {rejected}" if rejected else ""))
   if stats.passes and stats.disturbed_passes > 0.2 * stats.passes:
-    _say(f"warning: {stats.disturbed_passes} of {stats.passes} passes were disturbed (the core "
+    say(f"warning: {stats.disturbed_passes} of {stats.passes} passes were disturbed (the core "
          f"was busy: another process, or the host's other thread on this core); "
          f"{stats.contended_passes} disturbed passes had to be kept. Rows with a large "
          "spread are the ones to distrust, or measure again on a quieter machine")
-  _say(f"wrote {out} and {out}.json")
+  say(f"wrote {out} and {out}.json")
   return 0

@@ -30,18 +30,8 @@ from typing import Any, Mapping
 import numpy as np
 from flax import struct
 
-# Write roles with their own latency column. `op*` are explicit destinations; implicit
-# writes are keyed by register; everything else falls into "other".
-# "MEM" is a store's result as a later load sees it through memory (store-to-load
-# forwarding, `diffsim.isa.memory`): used only by tables with memory dependences on.
-WRITE_ROLES = ("op0", "op1", "op2", "EFLAGS", "RSP", "RAX", "RDX", "RCX", "RSI", "RDI", "RBX",
-               "other", "MEM")
-# Read classes with their own read-advance column: explicit register sources by
-# operand index, then the EFLAGS read, other implicit reads, address registers and a
-# load's read of what an older store wrote ("mem", with memory dependences on).
-READ_CLASSES = ("op0", "op1", "op2", "op3", "op4", "flags", "implicit", "addr", "mem")
-# Register kinds that a register file can rename (`global.register_files[].classes`).
-REG_KINDS = ("gpr", "flags", "vec", "mmx", "mask", "x87", "other")
+from diffsim.isa.roles import READ_CLASSES, REG_KINDS, WRITE_ROLES  # noqa: F401 (re-exported)
+
 
 TABLES_DIR = Path(__file__).parent / "tables"
 

@@ -20,8 +20,9 @@ import argparse
 import json
 from pathlib import Path
 
-from diffsim.cli import (CliError, _add_input, _decode, _enable_compile_cache, _non_negative_int,
-                         _positive_int, _read_rows, _report_failures, _say, _write_predictions)
+from diffsim.cli.common import (CliError, add_input, decode_rows, enable_compile_cache,
+                                non_negative_int, positive_int, read_rows, report_failures, say,
+                                write_predictions)
 
 PROBES = 1024  # diffsim.perfvec.reuse.PROBES, without importing jax for --help
 
@@ -36,7 +37,7 @@ def add_subcommand(subparsers) -> None:
   sub = top.add_subparsers(dest="perfvec_command", metavar="ACTION", required=True)
 
   p = sub.add_parser("train", help="label blocks with simulator sweeps and train (resumable)")
-  _add_input(p)
+  add_input(p)
   p.add_argument("--out", required=True, metavar="DIR",
                  help="model, checkpoints, label cache and report; rerunning resumes")
   p.add_argument("--train-tables", default="haswell,znver3", metavar="A,B",
@@ -46,43 +47,43 @@ def add_subcommand(subparsers) -> None:
   p.add_argument("--samples", type=int, default=32, help="sampled tables per base (32)")
   p.add_argument("--heldout-samples", type=int, default=8,
                  help="sampled tables per base kept for testing (8)")
-  p.add_argument("--extra-blocks", type=_non_negative_int, default=0,
+  p.add_argument("--extra-blocks", type=non_negative_int, default=0,
                  help="more training blocks, each labelled on the first --extra-tables "
                       "training tables of each base only (0)")
-  p.add_argument("--extra-tables", type=_positive_int, default=8,
+  p.add_argument("--extra-tables", type=positive_int, default=8,
                  help="training tables per base that label the extra blocks (8)")
-  p.add_argument("--blocks", type=_positive_int, default=2000, help="blocks drawn (2000)")
-  p.add_argument("--max-len", type=_positive_int, default=32,
+  p.add_argument("--blocks", type=positive_int, default=2000, help="blocks drawn (2000)")
+  p.add_argument("--max-len", type=positive_int, default=32,
                  help="longest block drawn, in instructions (32)")
   p.add_argument("--heldout-app", default="",
                  help="a BHive application (apps column) kept out of training")
-  p.add_argument("--dim", type=_positive_int, default=256, help="vector width (256)")
-  p.add_argument("--layers", type=_positive_int, default=2, help="LSTM layers (2)")
-  p.add_argument("--epochs", type=_positive_int, default=30)
-  p.add_argument("--batch-size", type=_positive_int, default=64)
+  p.add_argument("--dim", type=positive_int, default=256, help="vector width (256)")
+  p.add_argument("--layers", type=positive_int, default=2, help="LSTM layers (2)")
+  p.add_argument("--epochs", type=positive_int, default=30)
+  p.add_argument("--batch-size", type=positive_int, default=64)
   p.add_argument("--lr", type=float, default=2e-3)
-  p.add_argument("--encoder-steps", type=_non_negative_int, default=2000,
+  p.add_argument("--encoder-steps", type=non_negative_int, default=2000,
                  help="steps of the table encoder's refit on frozen program vectors (2000)")
-  p.add_argument("--encoder-tables", type=_non_negative_int, default=0,
+  p.add_argument("--encoder-tables", type=non_negative_int, default=0,
                  help="more sampled tables per base for the table encoder's refit alone, "
                       "each labelled on --encoder-blocks training blocks (0)")
-  p.add_argument("--encoder-blocks", type=_positive_int, default=400,
+  p.add_argument("--encoder-blocks", type=positive_int, default=400,
                  help="training blocks that label the encoder's tables (400)")
   p.add_argument("--seed", type=int, default=0)
   p.set_defaults(func=cmd_train)
 
   p = sub.add_parser("embed", help="program vectors of blocks (.npy, one row per input row)")
-  _add_input(p)
+  add_input(p)
   p.add_argument("--model", required=True, metavar="DIR", help="a `perfvec train --out` DIR")
   p.add_argument("-o", "--output", required=True, metavar="VECS.npy")
   p.set_defaults(func=cmd_embed)
 
   p = sub.add_parser("predict", help="throughputs on a uarch, hex,prediction,error")
-  _add_input(p)
+  add_input(p)
   p.add_argument("--model", required=True, metavar="DIR", help="a `perfvec train --out` DIR")
   p.add_argument("--uarch", required=True, metavar="NAME_OR_PARAMS.json",
                  help="a training uarch (see DIR/model.json), a shipped table or a JSON table")
-  p.add_argument("--probes", type=_non_negative_int, default=PROBES,
+  p.add_argument("--probes", type=non_negative_int, default=PROBES,
                  help="for a table not trained on: probe blocks simulated on it to adapt "
                       f"the encoder's vector ({PROBES}; 0: the encoder's vector alone)")
   p.add_argument("-o", "--output", metavar="OUT.csv", help="output CSV (default stdout)")
@@ -94,11 +95,11 @@ def _names(s: str) -> tuple[str, ...]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-  _enable_compile_cache()  # the label sweeps' simulator programs
+  enable_compile_cache()  # the label sweeps' simulator programs
   from diffsim.data import load_csv
   from diffsim.perfvec import Experiment, build_data, evaluate, load, save, train
 
-  path, rows = _read_rows(args)
+  path, rows = read_rows(args)
   try:
     ds = load_csv(path)
   except (OSError, ValueError) as e:
@@ -121,20 +122,20 @@ def cmd_train(args: argparse.Namespace) -> int:
   out.mkdir(parents=True, exist_ok=True)
   (out / "experiment.json").write_text(json.dumps(exp.__dict__, indent=1))
   try:
-    data = build_data(hexes, apps, exp, out / "labels", progress=args.progress, log=_say)
+    data = build_data(hexes, apps, exp, out / "labels", progress=args.progress, log=say)
   except (OSError, ValueError, KeyError) as e:
     raise CliError(str(e)) from None
   if not (data.part == 0).any():
     raise CliError(f"{path}: no block usable for training (need blocks of at most "
                    f"{exp.max_len} instructions that every table can simulate)")
-  variables, cfg = train(data, exp, out, progress=args.progress, log=_say)
+  variables, cfg = train(data, exp, out, progress=args.progress, log=say)
   save(out, variables, cfg, exp, data)
   rows_ = evaluate(load(out), data)
   (out / "report.json").write_text(json.dumps(rows_, indent=1, default=float))
   for r in rows_:
     print(f"{r['what']}: MAPE {100 * r['mape']:.2f}%, Kendall tau {r['kendall_tau']:.3f} "
           f"({r['n']} pairs)")
-  _say(f"wrote {out / 'model'}, {out / 'model.json'}, {out / 'report.json'}")
+  say(f"wrote {out / 'model'}, {out / 'model.json'}, {out / 'report.json'}")
   return 0
 
 
@@ -149,8 +150,8 @@ def _embed_rows(args: argparse.Namespace):
     trained = load(args.model)
   except (OSError, ValueError) as e:
     raise CliError(f"--model {args.model}: {e}") from None
-  _, rows = _read_rows(args)
-  blocks = _decode(rows, args.progress)
+  _, rows = read_rows(args)
+  blocks = decode_rows(rows, args.progress)
   status: list[tuple[float | None, str | None]] = []
   good = []
   for i, b in enumerate(blocks):
@@ -178,23 +179,23 @@ def cmd_embed(args: argparse.Namespace) -> int:
     np.save(args.output, vecs)
   except OSError as e:
     raise CliError(f"cannot write {args.output}: {e.strerror}") from None
-  _report_failures("perfvec embed", status)
-  _say(f"wrote {args.output}: {vecs.shape[0]} x {vecs.shape[1]} program vectors")
+  report_failures("perfvec embed", status)
+  say(f"wrote {args.output}: {vecs.shape[0]} x {vecs.shape[1]} program vectors")
   return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-  _enable_compile_cache()  # `adapt` simulates the probes
-  from diffsim.cli import _hex_field
+  enable_compile_cache()  # `adapt` simulates the probes
+  from diffsim.cli.common import hex_field
 
   trained, _, vecs, status = _embed_rows(args)
   try:
-    u = trained.adapt(args.uarch, args.probes, log=_say)
+    u = trained.adapt(args.uarch, args.probes, log=say)
   except (OSError, ValueError, KeyError) as e:
     raise CliError(f"--uarch {args.uarch}: {e}") from None
   pred = trained.predict(vecs, u)
   out = [(float(p), None) if err is None else (None, err) for p, (_, err) in zip(pred, status)]
-  _, rows = _read_rows(args)
-  _write_predictions(args.output, [_hex_field(r) for r in rows], out)
-  _report_failures("perfvec predict", out)
+  _, rows = read_rows(args)
+  write_predictions(args.output, [hex_field(r) for r in rows], out)
+  report_failures("perfvec predict", out)
   return 0

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from diffsim.cli import CliError, _enable_compile_cache, _load_table, _positive_int, _say
+from diffsim.cli.common import CliError, enable_compile_cache, load_table_arg, positive_int, say
 
 
 def add_subcommand(subparsers) -> None:
@@ -26,7 +26,7 @@ def add_subcommand(subparsers) -> None:
                  help=f"the kernel: {', '.join(sorted(TASKS))}")
   p.add_argument("--target", required=True, metavar="CPU_OR_PARAMS.json",
                  help="a shipped table (haswell, skylake, znver3, zen5) or a JSON table file")
-  p.add_argument("--budget", type=_positive_int, default=30, metavar="N",
+  p.add_argument("--budget", type=positive_int, default=30, metavar="N",
                  help="most configurations evaluated (default 30)")
   p.add_argument("--method", choices=ALL_METHODS, default="glimpse",
                  help="search method (default glimpse)")
@@ -50,20 +50,20 @@ def _glimpse_models(task, samples: int, progress: bool):
   training = []
   for g in training_groups(samples):
     if progress:
-      _say(f"enumerating {task.name} on {g.names[0]} and {len(g.names) - 1} sampled tables")
+      say(f"enumerating {task.name} on {g.names[0]} and {len(g.names) - 1} sampled tables")
     for t, c in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task)):
       training.append((blueprint(t), c.cost))
   return meta_train(task, training, steps=900, cache=cache_dir() / "models",
-                    log=_say if progress else None)
+                    log=say if progress else None)
 
 
 def _intel(text: str) -> str:
   """AT&T text in Intel syntax, via llvm-mc's printer."""
   import subprocess
 
-  from diffsim.isa.decode import LLVM_MC
+  from diffsim.isa.decode import llvm_mc
 
-  res = subprocess.run([LLVM_MC, "-triple=x86_64", "-output-asm-variant=1"], input=text,
+  res = subprocess.run([llvm_mc(), "-triple=x86_64", "-output-asm-variant=1"], input=text,
                        capture_output=True, text=True, check=False)
   lines = [ln.strip() for ln in res.stdout.splitlines()
            if ln.strip() and not ln.strip().startswith(".")]
@@ -71,7 +71,7 @@ def _intel(text: str) -> str:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-  _enable_compile_cache()
+  enable_compile_cache()
   from diffsim.search.baselines import METHODS
   from diffsim.search.blueprint import blueprint
   from diffsim.search.codegen import assembly
@@ -80,7 +80,7 @@ def cmd_search(args: argparse.Namespace) -> int:
   from diffsim.search.space import get_task
 
   try:
-    table = _load_table(args.target)
+    table = load_table_arg(args.target)
   except CliError as e:
     raise CliError(str(e).replace("--params", "--target")) from None
   task = get_task(args.task)
@@ -120,7 +120,7 @@ def cmd_search(args: argparse.Namespace) -> int:
   if bar is not None:
     bar.close()
   valid = [(c, i) for i, c in objective.history if np.isfinite(c)]
-  _say(f"{objective.evaluations} configurations evaluated, {objective.invalid} invalid")
+  say(f"{objective.evaluations} configurations evaluated, {objective.invalid} invalid")
   if not valid:
     print(f"no valid configuration found for {task.name} on {table.layout.cpu} in "
           f"{objective.evaluations} evaluations")

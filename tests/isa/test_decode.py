@@ -26,7 +26,7 @@ from diffsim.isa import (
 )
 from diffsim.isa import decode as decode_mod
 
-pytestmark = pytest.mark.skipif(shutil.which(decode_mod.LLVM_MC) is None,
+pytestmark = pytest.mark.skipif(shutil.which(decode_mod.llvm_mc()) is None,
                                 reason="llvm-mc (LLVM 14) not on PATH")
 
 # Real BHive blocks (MIT licence), chosen for variety: lock, stack, zero idioms, sbb,

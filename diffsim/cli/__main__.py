@@ -1,0 +1,7 @@
+"""`python -m diffsim.cli`."""
+
+import sys
+
+from diffsim.cli import main
+
+sys.exit(main())

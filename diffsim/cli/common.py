@@ -1,0 +1,282 @@
+"""What every subcommand shares: the error type, the environment (LLVM 14 on PATH,
+XLA's settings, the compilation cache), reading input rows, writing output and
+argument types."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+# Debian's LLVM 14 keeps its unversioned tools here (on PATH only as `llvm-mc-14`).
+_LLVM14_BIN = Path("/usr/lib/llvm-14/bin")
+LLVM_TOOLS = ("llvm-mc", "llvm-mca", "llvm-exegesis")
+
+
+class CliError(Exception):
+  """Unusable input or environment: the command prints the message and exits 2."""
+
+
+# ---------------------------------------------------------------------------------
+# Environment.
+
+
+def put_llvm14_on_path() -> None:
+  """Makes the unversioned LLVM names (`llvm-mc`, ...) resolve to LLVM 14.
+
+  `diffsim.isa.decode` and `diffsim.params` call the tools by their plain names, but a
+  Debian system with only the `llvm-14` package installs them as `llvm-mc-14` or under
+  /usr/lib/llvm-14/bin. Putting that folder (or `$DIFFSIM_LLVM_BIN`) first on this
+  process's PATH lets every module find the same LLVM 14 as `diffsim.mca` does.
+  """
+  env_bin = os.environ.get("DIFFSIM_LLVM_BIN")
+  folder = Path(env_bin) if env_bin else _LLVM14_BIN
+  if not folder.is_dir():
+    return
+  resolved = [shutil.which(t) for t in LLVM_TOOLS]
+  if all(p and Path(p).resolve().parent == folder.resolve() for p in resolved):
+    return
+  os.environ["PATH"] = os.pathsep.join([str(folder), os.environ.get("PATH", "")])
+
+
+# XLA:CPU compiles a while loop whose buffers total at most this many bytes into one
+# kernel (its small-while-loop pass; 1 KB by default) rather than running every
+# iteration as a sequence of small kernels. The simulator's inner loops (the issue
+# round's candidates and each one's units and groups, the zero-latency fixed point,
+# the jumps) carry a few KB per device; compiled whole, the 20,000 command blocks
+# simulate 6% faster, with the same cycles (`benchmarks/RESULTS.md`, Simulator
+# speed). Loops over large buffers keep their kernels.
+SMALL_LOOP_BYTES = 131072
+
+
+def tune_xla() -> None:
+  """Sets XLA's CPU options before JAX starts: one device per core, and small loops
+  compiled whole (`SMALL_LOOP_BYTES`).
+
+  The simulator shards blocks over local devices, and each device runs its own cycle
+  loop on its own thread; on a CPU-only machine that is how both cores get used.
+  Has no effect once JAX is initialised; options XLA_FLAGS already sets are kept.
+  """
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in flags:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    flags += f" --xla_force_host_platform_device_count={cores or 1}"
+  if "xla_backend_extra_options" not in flags:
+    flags += (" --xla_backend_extra_options="
+              f"xla_cpu_small_while_loop_byte_threshold={SMALL_LOOP_BYTES}")
+  os.environ["XLA_FLAGS"] = flags.strip()
+
+
+def one_blas_thread() -> None:
+  """Gives numpy's OpenBLAS one thread, unless the user chose a number, before numpy
+  loads. OpenBLAS starts a thread per core that spins at start-up, beside JAX's import
+  and the decoder; the commands do their heavy work in XLA, not BLAS (`diffsim
+  simulate`: 0.2 CPU-s of 19 spent in the idle BLAS threads, `benchmarks/RESULTS.md`,
+  Simulator speed)."""
+  os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def enable_compile_cache() -> None:
+  """Keeps compiled simulator programs on disk between runs.
+
+  Compiling the simulator takes seconds per block-length bucket, which dominates a
+  short run; JAX's persistent cache makes the second run start at once. The directory
+  is `$DIFFSIM_CACHE_DIR` (`off` disables it), else `~/.cache/diffsim/jax`; a cache
+  directory already chosen for JAX (`JAX_COMPILATION_CACHE_DIR`) wins. The simulator's
+  compiled executables go beside it (DIR-programs), so that a new run skips tracing
+  and lowering as well (`diffsim.sim.programs`).
+  """
+  choice = os.environ.get("DIFFSIM_CACHE_DIR", "")
+  if choice.lower() in ("off", "0", "none"):
+    return
+  import jax
+
+  if jax.config.jax_compilation_cache_dir:
+    return
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+  path = Path(choice or os.path.join(base, "diffsim", "jax")).expanduser()
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError:
+    return  # a read-only home only costs compile time
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  from diffsim.sim.programs import keep_programs
+
+  keep_programs(f"{path}-programs")  # and skip tracing too (diffsim.sim.programs)
+  # Only programs worth keeping: the simulator's take seconds, helpers milliseconds.
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def need_llvm(*names: str) -> None:
+  """Fails early, with the install hint, when an LLVM 14 tool is missing."""
+  from diffsim.mca import find_llvm_tool
+
+  for name in names:
+    try:
+      find_llvm_tool(name)
+    except FileNotFoundError as e:
+      raise CliError(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------
+# Input and output.
+
+
+def input_path(args: argparse.Namespace) -> Path:
+  """The input file: IN.csv, or a shipped dataset named with --shipped."""
+  if args.shipped and args.input:
+    raise CliError(f"give IN.csv ({args.input}) or --shipped {args.shipped}, not both")
+  if args.shipped:
+    from diffsim.data import SHIPPED, shipped
+
+    name = args.shipped if args.shipped.endswith(".csv") else args.shipped + ".csv"
+    try:
+      return shipped(name)
+    except FileNotFoundError:
+      raise CliError(f"no shipped dataset {args.shipped!r}; known: "
+                     f"{', '.join(SHIPPED)}") from None
+  if not args.input:
+    raise CliError("no input: give IN.csv or --shipped NAME")
+  return Path(args.input)
+
+
+def read_rows(args: argparse.Namespace) -> tuple[Path, list]:
+  """(path, every data row in input order, bad rows included), at most --limit rows."""
+  from diffsim.data import load_rows
+
+  path = input_path(args)
+  try:
+    rows = load_rows(path)
+  except (OSError, ValueError) as e:
+    msg = str(e)
+    raise CliError(msg if str(path) in msg else f"{path}: {msg}") from None
+  if args.limit is not None:
+    rows = rows[:args.limit]
+  if rows and all(r.hex is None for r in rows):
+    say(f"warning: {path}: no row has a usable hex block in column 1")
+  return path, rows
+
+
+def hex_field(row) -> str:
+  """The row's first field as the block's hex (normalised when it is valid)."""
+  if row.hex is not None:
+    return row.hex
+  h = row.fields[0].strip() if row.fields else ""
+  return h[2:] if h[:2] in ("0x", "0X") else h
+
+
+def decode_rows(rows: Sequence, progress: bool) -> list:
+  """A Block or a DecodeError per row; only column 1 matters here.
+
+  A row whose label or width is bad but whose hex is fine is still decoded: labels
+  are the business of `eval` alone.
+  """
+  return decode_hexes([hex_field(r) for r in rows], progress)
+
+
+def decode_hexes(hexes: Sequence[str], progress: bool = False) -> list:
+  from diffsim.isa import decode_blocks
+
+  need_llvm("llvm-mc")
+  try:
+    return decode_blocks(hexes, progress=progress)
+  except RuntimeError as e:  # llvm-mc missing or broken: the environment, not a row
+    raise CliError(str(e)) from None
+
+
+def open_out(path: str | None) -> TextIO:
+  if path in (None, "-"):
+    return sys.stdout
+  try:
+    return open(path, "w", newline="")
+  except OSError as e:
+    raise CliError(f"cannot write {path}: {e.strerror}") from None
+
+
+def say(msg: str) -> None:
+  print(msg, file=sys.stderr, flush=True)
+
+
+def fmt(v: float | None) -> str:
+  """A throughput for CSV: exact for integers, 10 significant digits otherwise."""
+  if v is None or not math.isfinite(v):
+    return ""
+  return format(v, ".10g")
+
+
+def pct(x: float) -> str:
+  return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def write_predictions(out_path: str | None, hexes: Sequence[str],
+                       preds: Sequence[tuple[float | None, str | None]]) -> None:
+  f = open_out(out_path)
+  try:
+    w = csv.writer(f, lineterminator="\n")
+    w.writerow(["hex", "prediction", "error"])
+    for h, (v, err) in zip(hexes, preds):
+      w.writerow([h, fmt(v), "" if v is not None else (err or "no prediction")])
+  finally:
+    if f is not sys.stdout:
+      f.close()
+
+
+def report_failures(what: str, preds: Sequence[tuple[float | None, str | None]]) -> None:
+  failed = [err for v, err in preds if v is None]
+  say(f"{what}: {len(preds) - len(failed)} of {len(preds)} blocks predicted"
+       + (f", {len(failed)} failed (first: {failed[0]})" if failed else ""))
+
+
+# ---------------------------------------------------------------------------------
+# Argument parsing.
+
+
+def int_from(lo: int):
+  """An argparse type: an integer of at least `lo`, or a message naming the value."""
+
+  def parse(s: str) -> int:
+    try:
+      v = int(s)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
+    if v < lo:
+      raise argparse.ArgumentTypeError(f"must be at least {lo}, got {v}")
+    return v
+
+  return parse
+
+
+positive_int = int_from(1)
+non_negative_int = int_from(0)
+
+
+def add_input(p: argparse.ArgumentParser) -> None:
+  p.add_argument("input", nargs="?", metavar="IN.csv",
+                 help="BHive-format CSV: hex in column 1; header and more columns optional")
+  p.add_argument("--shipped", metavar="NAME",
+                 help="read a dataset shipped with diffsim instead (mca-small, zen5-small)")
+  p.add_argument("--limit", type=positive_int, metavar="N", help="only the first N rows")
+  p.add_argument("--progress", action="store_true", default=None,
+                 help="progress bars on stderr (default: when stderr is a terminal)")
+
+
+def add_run(p: argparse.ArgumentParser, throughput: str) -> None:
+  p.add_argument("--iterations", type=positive_int, default=100, metavar="N",
+                 help="iterations simulated (default 100)")
+  p.add_argument("--throughput", choices=("total", "steady"), default=throughput,
+                 help="total: Total Cycles x 100/N; steady: 100 x (cycles(2N) - "
+                      f"cycles(N)) / N (default {throughput})")
+
+def load_table_arg(params: str):
+  from diffsim.params.table import load_table
+
+  try:
+    return load_table(params)
+  except (OSError, ValueError, KeyError) as e:
+    raise CliError(f"--params {params}: {e}") from None

@@ -1,0 +1,21 @@
+"""The dataflow vocabulary: how an instruction's register writes and reads are classed.
+
+Each write role has its own latency column in a CPU table, each read class its own
+read-advance column, and each register kind may be renamed by a register file. The
+decoder and encoder classify dataflow by these names; `diffsim.params.table` sizes its
+arrays by them. They live here, beside the instructions, so that decoding and encoding
+need no CPU table.
+"""
+
+# Write roles with their own latency column. `op*` are explicit destinations; implicit
+# writes are keyed by register; everything else falls into "other".
+# "MEM" is a store's result as a later load sees it through memory (store-to-load
+# forwarding, `diffsim.isa.memory`): used only by tables with memory dependences on.
+WRITE_ROLES = ("op0", "op1", "op2", "EFLAGS", "RSP", "RAX", "RDX", "RCX", "RSI", "RDI", "RBX",
+               "other", "MEM")
+# Read classes with their own read-advance column: explicit register sources by
+# operand index, then the EFLAGS read, other implicit reads, address registers and a
+# load's read of what an older store wrote ("mem", with memory dependences on).
+READ_CLASSES = ("op0", "op1", "op2", "op3", "op4", "flags", "implicit", "addr", "mem")
+# Register kinds that a register file can rename (`global.register_files[].classes`).
+REG_KINDS = ("gpr", "flags", "vec", "mmx", "mask", "x87", "other")
