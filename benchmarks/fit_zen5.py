@@ -29,6 +29,7 @@ import shutil
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from diffsim.cli import mca_predict, sim_predict, tune_xla
@@ -145,6 +146,7 @@ def main() -> None:
   (out / "params.json").write_text(json.dumps(doc, separators=(",", ":")))
   (out / "history.json").write_text(json.dumps(refined.history, indent=1))
   fitted = load_table(str(out / "params.json"))
+  jax.clear_caches()  # the search's programs: the reports below compile their own
 
   def sim(table):
     return lambda bl: np.array([np.nan if v is None else v

@@ -115,9 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--epochs", type=non_negative_int, default=30,
                  help="gradient epochs (0: none, only the exact search)")
   p.add_argument("--exact", type=non_negative_int, default=0, metavar="ROUNDS",
-                 help="rounds of exact per-opcode search after the gradient fit: each "
-                      "opcode's latency, micro-ops and resource cycles move by one where "
-                      "the exact simulator improves on its training blocks (default 0)")
+                 help="rounds of exact search after the gradient fit: the dispatch width "
+                      "and each opcode's latency, micro-ops, resource cycles, read-advance, "
+                      "forwarding cost and port group move one step where the exact "
+                      "simulator improves on the training blocks they touch (default 0)")
   p.add_argument("--batch-size", type=positive_int, default=128)
   p.add_argument("--lr", type=float, default=0.1,
                  help="Adam's peak step size, cosine-decayed (default 0.1)")

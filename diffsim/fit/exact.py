@@ -466,6 +466,8 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
         pending = [k for k in moved if gains[k] >= min_gain and k not in now]
       rec = dict(round=r, move=str(move), tried=tried, kept=len(kept),
                  train=float(err[judged].mean()), seconds=time.time() - t0)
+      if move is moves[-1]:
+        jax.clear_caches()  # a round compiles many programs; a process holds only so many
       if move is moves[-1] and val is not None:
         rec["val"] = val_mape(p)
         if rec["val"] < done["best"]["val"]:
