@@ -39,6 +39,14 @@ def _blocks(n: int):
   return ds.take(np.sort(pick)), path
 
 
+class Rows(list):
+  """The table's rows, each printed as it is measured (the whole run takes minutes)."""
+
+  def append(self, row) -> None:
+    super().append(row)
+    print(f"  {row[0]}: {row[1]:.1f} s", flush=True)
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--n", type=int, default=50_000)
@@ -57,7 +65,7 @@ def main() -> None:
   ds, path = _blocks(args.n)
   n = len(ds)
   print(f"{n} blocks of {path.name}, {os.cpu_count()} cores")
-  rows = []
+  rows = Rows()
   t = time.time()
   blocks = decode_blocks(list(ds.hex), progress=False)
   rows.append(("decode (llvm-mc)", time.time() - t, n))
