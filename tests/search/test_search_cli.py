@@ -10,10 +10,7 @@ def test_search_end_to_end_tiny_budget(capsys, tmp_path, monkeypatch):
   rc = main(["search", "axpy", "--target", "haswell", "--budget", "4", "--method", "random",
              "--seed", "1"])
   out = capsys.readouterr()
-  if rc == 1:  # four invalid picks: the command says so
-    assert "no valid configuration" in out.out
-    return
-  assert rc == 0, out.err
+  assert rc == 0, out.err  # seed 1 picks valid configurations
   assert "cycles per flop" in out.out and "config: isa=" in out.out
   assert "vmovups" in out.out or "movups" in out.out
   assert "4 configurations evaluated" in out.err
