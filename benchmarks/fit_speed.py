@@ -39,14 +39,6 @@ def _blocks(n: int):
   return ds.take(np.sort(pick)), path
 
 
-class Rows(list):
-  """The table's rows, each printed as it is measured (the whole run takes minutes)."""
-
-  def append(self, row) -> None:
-    super().append(row)
-    print(f"  {row[0]}: {row[1]:.1f} s", flush=True)
-
-
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--n", type=int, default=50_000)
@@ -65,29 +57,34 @@ def main() -> None:
   ds, path = _blocks(args.n)
   n = len(ds)
   print(f"{n} blocks of {path.name}, {os.cpu_count()} cores")
-  rows = Rows()
+  rows = []
+
+  def record(name: str, seconds: float, blocks: int) -> None:
+    rows.append((name, seconds, blocks))
+    print(f"  {name}: {seconds:.1f} s", flush=True)  # the whole run takes minutes
+
   t = time.time()
   blocks = decode_blocks(list(ds.hex), progress=False)
-  rows.append(("decode (llvm-mc)", time.time() - t, n))
+  record("decode (llvm-mc)", time.time() - t, n)
   table = load_table("zen5")
   t = time.time()
   judge = Judge(table, blocks)
-  rows.append(("encode", time.time() - t, n))
+  record("encode", time.time() - t, n)
   ids = np.arange(n)
   judge(table, ids[:min(n, 2048)])  # compile the shapes of a sample
   t = time.time()
   pred = judge(table, ids)
-  rows.append(("exact evaluation pass (steady, zen5)", time.time() - t, n))
+  record("exact evaluation pass (steady, zen5)", time.time() - t, n)
   if not args.skip_mca:
     t = time.time()
     mca_predict(blocks, "znver3", 100, "steady", progress=False)
-    rows.append(("llvm-mca 14 znver3 (steady)", time.time() - t, n))
+    record("llvm-mca 14 znver3 (steady)", time.time() - t, n)
   if not args.skip_search:
     t = time.time()
     with tempfile.TemporaryDirectory() as tmp:
       refine(table, blocks, ds.y, MOVES, rounds=1, cap=args.cap, state_dir=tmp,
              log=lambda s: print("  " + s, flush=True))
-    rows.append(("exact search epoch (one round, every move kind)", time.time() - t, n))
+    record("exact search epoch (one round, every move kind)", time.time() - t, n)
   m = min(args.grad_n, n)
   sub = ds.take(np.arange(m))
   with tempfile.TemporaryDirectory() as tmp:
@@ -96,8 +93,8 @@ def main() -> None:
               log=lambda s: None)
     total = time.time() - t
   epoch = res.history[-1]["seconds"]
-  rows.append((f"gradient epoch on {m} blocks (set-up {total - epoch:.0f} s)", epoch, m))
-  rows.append((f"gradient epoch, scaled to {n} blocks", epoch * n / m, n))
+  record(f"gradient epoch on {m} blocks (set-up {total - epoch:.0f} s)", epoch, m)
+  record(f"gradient epoch, scaled to {n} blocks", epoch * n / m, n)
   peer = next((s for name, s, _ in rows if name.startswith("llvm-mca")), None)
   print("\n| step | seconds | blocks | blocks/s | x llvm-mca time |")
   print("|---|---|---|---|---|")

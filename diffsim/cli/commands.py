@@ -18,7 +18,6 @@ from diffsim.cli.predict import (decoded_in_background, mca_predict, sim_predict
                                  sim_predict_chunks)
 
 
-
 def cmd_decode(args: argparse.Namespace) -> int:
   from diffsim.isa import DecodeError, block_to_json, summarize
 
@@ -38,8 +37,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
   s = summarize(results)
   reasons = ", ".join(f"{n} {r}" for r, n in s["by_reason"].items())
   say(f"{path}: decoded {s['decoded']} of {s['blocks']} blocks ({s['instructions']} "
-       f"instructions, {s['keys']} distinct opcode keys); failed {s['failed']}"
-       + (f": {reasons}" if reasons else ""))
+      f"instructions, {s['keys']} distinct opcode keys); failed {s['failed']}"
+      + (f": {reasons}" if reasons else ""))
   return 0
 
 
@@ -57,7 +56,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
   with decoded_in_background(rows) as chunks:  # the table and JAX load meanwhile
     table = load_table_arg(args.params)
     preds = sim_predict_chunks(table, chunks, len(rows), args.iterations, args.throughput,
-                                args.progress)
+                               args.progress)
   write_predictions(args.output, [hex_field(r) for r in rows], preds)
   report_failures(f"diffsim --params {args.params}", preds)
   return 0
@@ -89,7 +88,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with decoded_in_background(labelled) as chunks:  # the table and JAX load meanwhile
       table = load_table_arg(args.params)
       preds = sim_predict_chunks(table, chunks, len(labelled), args.iterations,
-                                  args.throughput, args.progress)
+                                 args.throughput, args.progress)
   y = np.array([r.y for r in labelled], np.float64)
   pred = np.array([math.nan if v is None else v for v, _ in preds], np.float64)
   s = metrics.summary(pred, y)
@@ -148,7 +147,7 @@ def cmd_params(args: argparse.Namespace) -> int:
   except OSError as e:
     raise CliError(f"cannot write {out}: {e.strerror}") from None
   say(f"{args.cpu}: {len(table['opcodes'])} opcodes, {len(table.get('unsupported', {}))} "
-       f"unsupported, {time.perf_counter() - t0:.0f} s -> {out}")
+      f"unsupported, {time.perf_counter() - t0:.0f} s -> {out}")
   return 0
 
 
@@ -252,7 +251,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     train, val, test = split(ds, seed=args.seed)
     held = f"the test part of {path.name} (hash split, seed {args.seed})"
     say(f"{path}: split by block into {len(train)} train, {len(val)} validation and "
-         f"{len(test)} test blocks (seed {args.seed})")
+        f"{len(test)} test blocks (seed {args.seed})")
   table = load_table_arg(args.init)
   config = FitConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                      tau=args.tau, straight_through=args.straight_through, prior=args.prior,

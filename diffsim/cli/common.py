@@ -215,7 +215,7 @@ def pct(x: float) -> str:
 
 
 def write_predictions(out_path: str | None, hexes: Sequence[str],
-                       preds: Sequence[tuple[float | None, str | None]]) -> None:
+                      preds: Sequence[tuple[float | None, str | None]]) -> None:
   f = open_out(out_path)
   try:
     w = csv.writer(f, lineterminator="\n")
@@ -230,7 +230,7 @@ def write_predictions(out_path: str | None, hexes: Sequence[str],
 def report_failures(what: str, preds: Sequence[tuple[float | None, str | None]]) -> None:
   failed = [err for v, err in preds if v is None]
   say(f"{what}: {len(preds) - len(failed)} of {len(preds)} blocks predicted"
-       + (f", {len(failed)} failed (first: {failed[0]})" if failed else ""))
+      + (f", {len(failed)} failed (first: {failed[0]})" if failed else ""))
 
 
 # ---------------------------------------------------------------------------------
@@ -273,7 +273,9 @@ def add_run(p: argparse.ArgumentParser, throughput: str) -> None:
                  help="total: Total Cycles x 100/N; steady: 100 x (cycles(2N) - "
                       f"cycles(N)) / N (default {throughput})")
 
+
 def load_table_arg(params: str):
+  """The table `--params` names (shipped, a start or a JSON file), or a CliError."""
   from diffsim.params.table import load_table
 
   try:

@@ -1,5 +1,6 @@
-"""The two predictors, llvm-mca and the simulator, with one result shape, and the
-background decoding that feeds the simulator."""
+"""The two predictors, llvm-mca and the simulator, with one result shape per block
+((cycles per 100 iterations | None, error)), and the background decoding that feeds
+the simulator."""
 
 from __future__ import annotations
 
@@ -9,11 +10,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from diffsim.cli.common import CliError, decode_hexes, enable_compile_cache, hex_field, need_llvm
 
 
-# The two predictors share one result shape: (cycles per 100 iterations | None, error).
-
-
 def mca_predict(blocks: Sequence, mcpu: str, iterations: int, throughput: str,
-                 progress: bool) -> list[tuple[float | None, str | None]]:
+                progress: bool) -> list[tuple[float | None, str | None]]:
   """llvm-mca 14's prediction for each decoded block (errors passed through)."""
   from diffsim.mca import McaError, run_mca, steady
 
@@ -39,7 +37,6 @@ def mca_predict(blocks: Sequence, mcpu: str, iterations: int, throughput: str,
   return out
 
 
-
 def sim_predict(table, blocks: Sequence, iterations: int, throughput: str,
                 progress: bool) -> list[tuple[float | None, str | None]]:
   """The simulator's prediction for each decoded block (errors passed through)."""
@@ -48,7 +45,7 @@ def sim_predict(table, blocks: Sequence, iterations: int, throughput: str,
 
 
 def sim_predict_chunks(table, chunks: Iterable[Sequence], total: int, iterations: int,
-                        throughput: str, progress: bool) -> list[tuple[float | None, str | None]]:
+                       throughput: str, progress: bool) -> list[tuple[float | None, str | None]]:
   """`sim_predict` of `total` blocks that arrive in chunks (`simulate_chunks`)."""
   enable_compile_cache()
   from diffsim.sim import simulate_chunks

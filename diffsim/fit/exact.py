@@ -291,7 +291,6 @@ class BlockIndex:
     return cls(keys, judges)
 
 
-
 @dataclasses.dataclass
 class Refined:
   """What an exact search produced: the table chosen by validation error, and each

@@ -525,10 +525,11 @@ def _run_llvm_mc(args: list[str], stdin: str) -> subprocess.CompletedProcess:
       tempfile.TemporaryFile() as ferr:
     fin.write(stdin.encode())
     fin.seek(0)
+    exe = llvm_mc()
     try:
-      proc = subprocess.run([llvm_mc(), *args], stdin=fin, stdout=fout, stderr=ferr, check=False)
+      proc = subprocess.run([exe, *args], stdin=fin, stdout=fout, stderr=ferr, check=False)
     except FileNotFoundError as e:  # an environment problem, not a bad block
-      raise RuntimeError(f"{llvm_mc()} not found: diffsim.isa.decode needs LLVM 14's llvm-mc "
+      raise RuntimeError(f"{exe} not found: diffsim.isa.decode needs LLVM 14's llvm-mc "
                          "on PATH (or DIFFSIM_LLVM_MC)") from e
     fout.seek(0)
     ferr.seek(0)

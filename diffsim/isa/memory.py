@@ -190,8 +190,7 @@ def _renamed_by_address(store: Instr, load: Instr, s: tuple, x: tuple) -> bool:
     return False  # indexed or RIP-relative
   if any(r.reg.startswith(_VECTOR) for ins in (store, load) for r in (*ins.reads, *ins.writes)):
     return False
-  rmw_source = store.loads and any(r.role.startswith("op") and r.reg != "EFLAGS"
-                                   for r in store.reads)
+  rmw_source = store.loads and any(r.role.startswith("op") for r in store.reads)
   return not rmw_source
 
 

@@ -121,7 +121,6 @@ def _measure(args: argparse.Namespace) -> int:
   except OSError as e:
     raise CliError(f"cannot write {out}: {e.strerror}") from None
 
-
   from diffsim.measure.harness import cpu_identity
 
   cpu = cpu_identity()
@@ -144,12 +143,12 @@ def _measure(args: argparse.Namespace) -> int:
                                                          key=lambda kv: -kv[1]))
   rate = "" if math.isnan(stats.rate) else f", {stats.rate:.1f} blocks/s"
   say(f"{path}: {len(ok)} of {len(rows)} blocks measured on {describe_cpu(cpu)} "
-       f"in {wall:.1f} s{rate}" + (f"; {stats.resumed} from the resume log" if stats.resumed
-                                   else "") + (f"; rejected: {rejected}" if rejected else ""))
+      f"in {wall:.1f} s{rate}" + (f"; {stats.resumed} from the resume log" if stats.resumed
+                                  else "") + (f"; rejected: {rejected}" if rejected else ""))
   if stats.passes and stats.disturbed_passes > 0.2 * stats.passes:
     say(f"warning: {stats.disturbed_passes} of {stats.passes} passes were disturbed (the core "
-         f"was busy: another process, or the host's other thread on this core); "
-         f"{stats.contended_passes} disturbed passes had to be kept. Rows with a large "
-         "spread are the ones to distrust, or measure again on a quieter machine")
+        f"was busy: another process, or the host's other thread on this core); "
+        f"{stats.contended_passes} disturbed passes had to be kept. Rows with a large "
+        "spread are the ones to distrust, or measure again on a quieter machine")
   say(f"wrote {out} and {out}.json")
   return 0

@@ -124,7 +124,7 @@ def graniterapids_facts(skylake: dict) -> dict:
   - integer division as measured (`_GNR_DIVIDE`), where skylake's takes 76-102 cycles;
   - memory dependences with Intel's memory renaming (`memory.RENAMING`, "address"),
     forwarded loads waiting no longer than the load itself (`movq %rax,8(%rbx,%rcx);
-    movq 8(%rbx,%rcx),%rax` 5.0 cycles an iteration, a load's latency).
+    movq 8(%rbx,%rcx),%rax` 5.0 cycles an iteration, a load's latency);
   - a 64-bit LEA of base + displacement at rename (`leaq 8(%rdi),%rdi` 0.16 cycles an
     iteration, 6 a cycle), an indexed one on an ALU (1.0), a scaled one in 2 cycles
     (`leaq (%rdi,%rcx,4),%rdi` 2.0): `LEA64r@index` and `@scale` keys;
@@ -162,7 +162,7 @@ def graniterapids_facts(skylake: dict) -> dict:
     if res:
       op["resources"] = res
     _stack_engine_and_store_data(key, op)
-    _divide(key, op, _GNR_DIVIDE, "SKLDivider", "SKLPort23")
+    _divide(key, op)
     op.pop("kept", None)
   return d
 
@@ -175,16 +175,17 @@ _GNR_DIVIDE = {8: (12, 6), 16: (12, 6), 32: (12, 6), 64: (15, 10)}
 _LOAD_LATENCY = 5
 
 
-def _divide(key: str, op: dict, costs: dict, divider: str, load_port: str) -> None:
-  """Integer DIV/IDIV of `key` (register and memory forms) at `costs`' (latency,
-  cycles of the divider) for its width, plus one ALU micro-op and a load's."""
+def _divide(key: str, op: dict) -> None:
+  """Integer DIV/IDIV of `key` (register and memory forms) at `_GNR_DIVIDE`'s (latency,
+  cycles of skylake's divider) for its width, plus one port-0 micro-op and a load's."""
   m = re.fullmatch(r"I?DIV(8|16|32|64)(r|m)", key.split("@")[0])
   if not m:
     return
-  latency, cycles = costs[int(m.group(1))]
+  latency, cycles = _GNR_DIVIDE[int(m.group(1))]
   loaded = m.group(2) == "m"
   op.update(uops=4 + loaded, latency=latency + (_LOAD_LATENCY if loaded else 0),
-            resources=[[divider, cycles], ["SKLPort0", 1]] + ([[load_port, 1]] if loaded else []))
+            resources=[["SKLDivider", cycles], ["SKLPort0", 1]]
+            + ([["SKLPort23", 1]] if loaded else []))
   for normalised in ("write_latency", "kept", "touched", "buffers"):
     op.pop(normalised, None)
 

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import numpy as np
 from flax import struct
 
+from diffsim.isa.memory import RENAMING
 from diffsim.isa.roles import READ_CLASSES, REG_KINDS, WRITE_ROLES  # noqa: F401 (re-exported)
 
 
@@ -230,7 +231,7 @@ def _reg_kind(classes) -> tuple[str, ...]:
 
 
 def _memory_renaming(g: Mapping[str, Any]) -> str:
-  from diffsim.isa.memory import RENAMING
+  """The table's memory-renaming policy, checked against `RENAMING`."""
   policy = g.get("memory_renaming", "operand")
   if policy not in RENAMING:
     raise ValueError(f"global.memory_renaming {policy!r}: expected one of {', '.join(RENAMING)}")
