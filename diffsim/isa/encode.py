@@ -35,8 +35,8 @@ import numpy as np
 from diffsim.isa import idioms
 from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import FLAGS, Block
-from diffsim.isa.memory import memory_edges
-from diffsim.isa.roles import READ_CLASSES, REG_KINDS, WRITE_ROLES
+from diffsim.isa.memory import bank_edges, memory_edges
+from diffsim.isa.roles import BANK_ROLE, READ_CLASSES, REG_KINDS, WRITE_ROLES
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
 DEP_BUCKETS = (4, 8, 16, 32, 64)
@@ -206,6 +206,8 @@ class Renaming:
     memory: each load also depends on the youngest older store whose bytes it reads
       (`diffsim.isa.memory`; the table's `memory_dependences`), through the store's
       MEM write role and the load's mem read class.
+    load_banks: loads an L1 bank serves a cycle (`memory.bank_edges`; the table's
+      `l1_bank_loads`), 0 for no limit.
   """
 
   kinds: frozenset = frozenset()
@@ -213,6 +215,7 @@ class Renaming:
   costs: tuple[tuple[str, int], ...] = ()
   memory: bool = False  # loads depend on the stores they read from (`isa.memory`)
   memory_renaming: str = "operand"  # which of them skip memory (`isa.memory.RENAMING`)
+  load_banks: int = 0  # loads a cycle per L1 bank (`isa.memory.bank_edges`); 0: no limit
 
   def cost(self, write) -> int:
     """Physical registers `write` (an ir.Write) takes in its file: a vector write by
@@ -229,7 +232,8 @@ def renaming_for(table) -> Renaming | None:
   """The Renaming of a `params.table.Table`, or None when it has no register files."""
   kinds = frozenset(k for ks in table.layout.file_kinds for k in ks)
   memory = bool(getattr(table.layout, "memory_dependences", False))
-  if not kinds and not memory:
+  banks = int(getattr(table.layout, "l1_bank_loads", 0))
+  if not kinds and not memory and not banks:
     return None
   # The tables mark a key `move_elim` when llvm-mca eliminated it alone, so any file
   # that eliminates moves at all will eliminate it.
@@ -239,7 +243,8 @@ def renaming_for(table) -> Renaming | None:
   elim = frozenset(keys[k] for k in np.flatnonzero(flags)) if movers else frozenset()
   costs = tuple(pair for pairs in table.layout.file_costs for pair in pairs)
   return Renaming(kinds=kinds, move_elim=elim, costs=costs, memory=memory,
-                  memory_renaming=getattr(table.layout, "memory_renaming", "operand"))
+                  memory_renaming=getattr(table.layout, "memory_renaming", "operand"),
+                  load_banks=banks)
 
 
 # An eliminated swap aliases both of its registers to the one llvm-mca reads first
@@ -632,6 +637,9 @@ def encode_block(block: Block, keys: Mapping[str, int], renaming: Renaming | Non
     deps = _ranged_edges(history)
   if renaming is not None and renaming.memory:
     deps = _through_memory(block, deps, renaming.memory_renaming)
+  if renaming is not None and renaming.load_banks:
+    deps = [d + [(p, dist, BANK_ROLE, _MEM_CLASS, -1, 0, ALWAYS) for p, dist in banks]
+            for d, banks in zip(deps, bank_edges(block, renaming.load_banks))]
   instrs, writes, edges = [], [], []
   for c, ins in enumerate(block.instrs):
     key = key_of(ins)

@@ -129,14 +129,15 @@ def graniterapids_facts(skylake: dict) -> dict:
     iteration, 6 a cycle), an indexed one on an ALU (1.0), a scaled one in 2 cycles
     (`leaq (%rdi,%rcx,4),%rdi` 2.0): `LEA64r@index` and `@scale` keys;
   - 3 load ports (Golden Cove's 2, 3 and 11): 6 loads from one cache line take 2.0
-    cycles, though 6 from one address take 3.0 (not modelled).
+    cycles, while one 4-byte L1 bank serves at most 2 loads a cycle (one load of a
+    fixed address 0.50, two 64 bytes apart 1.00: `memory.bank_edges`).
   """
   d = copy.deepcopy(skylake)
   d["cpu"] = "graniterapids-facts"
   d["source"] = ("skylake (llvm-mca 14) changed by measured Xeon 6 rates and Golden Cove's "
                  "widths (diffsim.params.starts)")
   d["global"].update(dispatch_width=6, rob_size=512, memory_dependences=True,
-                     memory_renaming="address")
+                     memory_renaming="address", l1_bank_loads=2)
   units = [r for r in d["resources"] if "members" not in r]
   groups = [r for r in d["resources"] if "members" in r]
   added = ("SKLPort8", "SKLPort9", "SKLPort10", "SKLPort11")

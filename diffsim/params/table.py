@@ -103,6 +103,9 @@ class Layout:
   # in llvm-mca's model, which never compares addresses.
   memory_dependences: bool = False
   memory_renaming: str = "operand"  # which loads skip memory (`diffsim.isa.memory.RENAMING`)
+  # Loads one L1 bank serves a cycle (`diffsim.isa.memory.bank_edges`); 0: no limit,
+  # as in llvm-mca.
+  l1_bank_loads: int = 0
 
   @property
   def num_resources(self) -> int:
@@ -115,7 +118,7 @@ class Layout:
   def __hash__(self):
     return hash((self.cpu, len(self.keys), self.units, self.groups, self.group_members,
                  self.max_direct_units, self.max_kept_groups, self.memory_dependences,
-                 self.memory_renaming))
+                 self.memory_renaming, self.l1_bank_loads))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,7 +356,7 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
       max_direct_units=max(1, int((cyc[:, :len(units)] > 0).sum(1).max(initial=0))),
       max_kept_groups=max(1, int((cyc[:, len(units):] > 0).sum(1).max(initial=0))),
       memory_dependences=bool(g.get("memory_dependences", False)),
-      memory_renaming=_memory_renaming(g))
+      memory_renaming=_memory_renaming(g), l1_bank_loads=int(g.get("l1_bank_loads", 0)))
   # The resource model and globals as written, so that `export.to_json` can write
   # them back (the arrays keep only what the simulator needs).
   source = {"cpu": doc.get("cpu"), "source": doc.get("source"), "format": doc.get("format"),
