@@ -36,7 +36,7 @@ from diffsim.isa import idioms
 from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import FLAGS, Block
 from diffsim.isa.memory import bank_edges, memory_edges
-from diffsim.isa.roles import BANK_ROLE, READ_CLASSES, REG_KINDS, WRITE_ROLES
+from diffsim.isa.roles import FIXED_ROLE, READ_CLASSES, REG_KINDS, WRITE_ROLES
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
 DEP_BUCKETS = (4, 8, 16, 32, 64)
@@ -638,7 +638,7 @@ def encode_block(block: Block, keys: Mapping[str, int], renaming: Renaming | Non
   if renaming is not None and renaming.memory:
     deps = _through_memory(block, deps, renaming.memory_renaming)
   if renaming is not None and renaming.load_banks:
-    deps = [d + [(p, dist, BANK_ROLE, _MEM_CLASS, -1, 0, ALWAYS) for p, dist in banks]
+    deps = [d + [(p, dist, FIXED_ROLE + w, _MEM_CLASS, -1, 0, ALWAYS) for p, dist, w in banks]
             for d, banks in zip(deps, bank_edges(block, renaming.load_banks))]
   instrs, writes, edges = [], [], []
   for c, ins in enumerate(block.instrs):

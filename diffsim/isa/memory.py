@@ -16,6 +16,7 @@ turns each into a dependence edge when the CPU table enables memory dependences.
 
 from __future__ import annotations
 
+import collections
 import re
 from typing import Optional
 
@@ -240,26 +241,20 @@ def _banks(access: tuple) -> frozenset:
   return frozenset(b % n for b in range(first, min(last, first + n - 1) + 1))
 
 
-def bank_edges(block: Block, loads_per_bank: int) -> list[list[tuple[int, int]]]:
-  """Per instruction: [(load, distance)] it must issue at least a cycle after, so that
-  no L1 bank serves more than `loads_per_bank` loads a cycle: along each bank's loads
-  in program order, every load waits for the one `loads_per_bank` places earlier
-  (distance: iterations back; of two edges from one load, the nearer, which implies
-  the other). Only loads whose banks are the same in every iteration
-  take part; a pointer that moves through the line spreads its loads over banks."""
+def bank_edges(block: Block, loads_per_bank: int) -> list[list[tuple[int, int, int]]]:
+  """Per instruction: [(itself, distance, cycles)], the edge that keeps its L1 banks
+  within `loads_per_bank` loads a cycle: a load whose banks take n loads an iteration
+  issues at least n cycles after its own instance `loads_per_bank` iterations back, so
+  each bank runs at its rate and loads of one bank keep no order among themselves (an
+  order could chain a load behind a younger one whose address it computes). Only loads
+  whose banks are the same in every iteration take part; a pointer that moves through
+  the line spreads its loads over banks."""
   acc = accesses(block, iterations=_LATE + 1)
-  seqs: dict[int, list[int]] = {}
+  banks: list[frozenset] = []
   for c in range(len(block.instrs)):
-    loads = [[_banks(a) for a in acc[k][c] if a[2]] for k in range(1, _LATE + 1)]
-    if not loads[0] or any(x != loads[0] for x in loads):
-      continue
-    for b in sorted(frozenset().union(*loads[0])):
-      seqs.setdefault(b, []).append(c)
-  nearest: list[dict[int, int]] = [{} for _ in block.instrs]  # load -> fewest iterations
-  for seq in seqs.values():
-    for i, c in enumerate(seq):
-      j, dist = i - loads_per_bank, 0
-      while j < 0:
-        j, dist = j + len(seq), dist + 1
-      nearest[c][seq[j]] = min(dist, nearest[c].get(seq[j], dist))
-  return [sorted(d.items()) for d in nearest]
+    loads = [frozenset().union(*(_banks(a) for a in acc[k][c] if a[2]))
+             for k in range(1, _LATE + 1)]
+    banks.append(loads[0] if all(x == loads[0] for x in loads) else frozenset())
+  count = collections.Counter(b for bs in banks for b in bs)
+  return [[(c, loads_per_bank, max(count[b] for b in bs))] if bs else []
+          for c, bs in enumerate(banks)]

@@ -13,10 +13,10 @@ need no CPU table.
 # forwarding, `diffsim.isa.memory`): used only by tables with memory dependences on.
 WRITE_ROLES = ("op0", "op1", "op2", "EFLAGS", "RSP", "RAX", "RDX", "RCX", "RSI", "RDI", "RBX",
                "other", "MEM")
-# A pseudo role past the table's columns: a load's issue as the next loads to its L1
-# bank see it (`diffsim.isa.memory.bank_edges`), an edge of exactly one cycle whatever
-# the table says.
-BANK_ROLE = len(WRITE_ROLES)
+# Pseudo roles past the table's columns: an edge of role FIXED_ROLE + w weighs exactly
+# w cycles from the producer's issue, whatever the table says (`diffsim.isa.memory.
+# bank_edges`: a load's issue as its L1 banks' later loads see it).
+FIXED_ROLE = len(WRITE_ROLES)
 # Read classes with their own read-advance column: explicit register sources by
 # operand index, then the EFLAGS read, other implicit reads, address registers and a
 # load's read of what an older store wrote ("mem", with memory dependences on).

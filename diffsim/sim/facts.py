@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from diffsim.isa.encode import ALWAYS, BlockBatch
-from diffsim.isa.roles import BANK_ROLE
+from diffsim.isa.roles import FIXED_ROLE
 from diffsim.params.table import READ_CLASSES, Layout, Params, Structure
 
 BIG = 1 << 28  # "never": a cycle no simulation reaches
@@ -102,11 +102,11 @@ def timing(params: Params, blocks: BlockBatch, hard: bool) -> dict:
   cyc = jnp.where(raw > 0, jnp.maximum(rnd(raw), 1) if hard else raw, 0)
   # Edge weights: the producer's latency for that write minus the reader's advance.
   prod_lat = jnp.take_along_axis(rnd(params.latency[op[blocks.dep_src]]),
-                                 jnp.minimum(blocks.dep_role, BANK_ROLE - 1)[..., None],
+                                 jnp.minimum(blocks.dep_role, FIXED_ROLE - 1)[..., None],
                                  axis=-1)[..., 0]
   adv = jnp.take_along_axis(rnd(params.read_advance[op]), blocks.dep_class, axis=-1)
-  # A load waits a cycle after the load its L1 bank served before it (BANK_ROLE).
-  dep_w = jnp.where(blocks.dep_role == BANK_ROLE, 1.0, jnp.maximum(prod_lat - adv, 0))
+  fixed = blocks.dep_role - FIXED_ROLE  # an edge of fixed weight (`roles.FIXED_ROLE`)
+  dep_w = jnp.where(fixed >= 0, fixed, jnp.maximum(prod_lat - adv, 0))
   # A partial write that waits for the write it merges into (llvm-mca's
   # WriteState::isReady) may issue once that write has fewer cycles left than the
   # partial write's own latency, or none at all.

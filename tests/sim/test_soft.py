@@ -261,8 +261,8 @@ def _banked(loads_per_bank: int):
 
 
 def test_l1_bank_limit_matches_the_xeon_soft_equals_hard_and_gradients_are_right():
-  """Loads of one bank wait a cycle for the load two places earlier (a fixed edge):
-  the Xeon 6's cycles per 100 iterations (`diffsim measure`: 49, 101, 73) against 3
+  """A load waits n cycles after its own instance two iterations back when its L1
+  banks take n loads an iteration (an edge of fixed weight): the Xeon 6's cycles per 100 iterations (`diffsim measure`: 49, 101, 73) against 3
   load ports' 33, 67, 67 without the limit; the replay stays exact at tau = 0 and its
   gradient right where latencies meet the bank edges."""
   from diffsim.sim import simulate_blocks
