@@ -37,7 +37,7 @@ from diffsim.cli.common import enable_compile_cache
 from diffsim.data import load_csv, metrics, shared_data_dir, shipped
 from diffsim.data.split import split_ids
 from diffsim.isa import decode_blocks
-from diffsim.params.table import TABLES_DIR, load_table
+from diffsim.params.table import TABLES_DIR, load_table, write_json
 
 
 def measured(name: str):
@@ -143,7 +143,7 @@ def main() -> None:
                 source=f"diffsim.fit.exact from {args.init} on {len(train_ids)} measured "
                        f"blocks ({args.data}, split seed 0, {args.app} held out), "
                        f"{args.exact} rounds")
-  (out / "params.json").write_text(json.dumps(doc, separators=(",", ":")))
+  write_json(doc, out / "params.json")
   (out / "history.json").write_text(json.dumps(refined.history, indent=1))
   fitted = load_table(str(out / "params.json"))
   jax.clear_caches()  # the search's programs: the reports below compile their own

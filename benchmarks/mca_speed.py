@@ -23,7 +23,8 @@ import sys
 import time
 
 from diffsim.data import load_csv, shipped
-from diffsim.mca import disassemble, find_llvm_tool, llvm_version, run_mca
+from diffsim.llvmtools import find_llvm_tool, llvm_version
+from diffsim.mca import disassemble, run_mca
 
 
 def _cpu_name() -> str:

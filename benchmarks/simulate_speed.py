@@ -30,7 +30,8 @@ import numpy as np  # noqa: E402
 
 from diffsim.data import shared_data_dir, shipped  # noqa: E402
 from diffsim.isa import decode_blocks  # noqa: E402
-from diffsim.mca import llvm_version, run_mca  # noqa: E402
+from diffsim.llvmtools import llvm_version  # noqa: E402
+from diffsim.mca import run_mca  # noqa: E402
 from diffsim.params.table import load_table  # noqa: E402
 from diffsim.isa.encode import encode, renaming_for  # noqa: E402
 from diffsim.sim import simulate, simulate_blocks  # noqa: E402

@@ -1,4 +1,4 @@
-"""Repo-wide test configuration: JAX strictness, LLVM 14 lookup, shared-data skips.
+"""Repo-wide test configuration: JAX strictness, compile cache, LLVM 14 and shared-data skips.
 
 Runs before any test module is imported, so the settings below also hold for
 module-level `skipif` checks and for the notebook kernels nbmake starts (they inherit
@@ -16,16 +16,11 @@ from pathlib import Path
 import jax
 import pytest
 
-from diffsim.cli.common import enable_compile_cache, put_llvm14_on_path
+from diffsim.cli.common import enable_compile_cache
 
 # Silent broadcasting between arrays of different rank is a bug in this codebase
 # (style.md 6): make it fail loudly in every test.
 jax.config.update("jax_numpy_rank_promotion", "raise")
-
-# Debian's llvm-14 package alone puts its tools in /usr/lib/llvm-14/bin (and on PATH as
-# `llvm-mc-14`); modules that call `llvm-mc` by its plain name must find the same
-# LLVM 14 as `diffsim.mca` does, here as in the `diffsim` command.
-put_llvm14_on_path()
 
 # Compiled programs are kept on disk for this session only: the modules compile many
 # of the same simulator programs, and each module's in-memory copies are dropped when
@@ -53,7 +48,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def llvm14() -> dict[str, str]:
   """Paths of LLVM 14's llvm-mc and llvm-mca; skips the test when either is missing."""
-  from diffsim.mca import find_llvm_tool
+  from diffsim.llvmtools import find_llvm_tool
 
   try:
     return {name: find_llvm_tool(name) for name in ("llvm-mc", "llvm-mca")}

@@ -276,6 +276,18 @@ def test_params_builds_a_table_that_loads(tmp_path, capsys):
   assert load_json(out)["opcodes"].keys() == load_json("haswell")["opcodes"].keys()
 
 
+def test_params_writes_several_tables_into_a_folder(tmp_path, capsys):
+  from diffsim.params.table import load_json
+
+  # -o names one file, so it cannot take two CPUs.
+  assert main(["params", "haswell", "znver3", "-o", str(tmp_path / "t.json")]) == 2
+  assert "--out-dir" in capsys.readouterr().err
+  assert main(["params", "znver3", "--out-dir", str(tmp_path / "tables"), "--no-probe"]) == 0
+  doc = load_json(tmp_path / "tables" / "znver3.json")
+  # Without the probes nothing is measured from timelines: no read-advance at all.
+  assert doc["cpu"] == "znver3" and not any("read_advance" in e for e in doc["opcodes"].values())
+
+
 def test_params_names_what_stops_a_table(tmp_path, capsys):
   # btver2 lacks AVX2: those keys are refused one by one (llvm-mca exits 1 on each), and
   # then its FPU groups defeat the group inference: the error says so by name.

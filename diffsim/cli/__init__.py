@@ -19,6 +19,7 @@ Throughputs leave the command in BHive's unit, cycles per 100 iterations:
   diffsim eval IN.csv --params haswell [--json] [--mca haswell]
   diffsim compare IN.csv --params haswell [--mcpu haswell]
   diffsim params haswell -o haswell.json
+  diffsim params haswell skylake --out-dir diffsim/params/tables
   diffsim params --list
   diffsim fit TRAIN.csv --init znver3 [--val VAL.csv] --out DIR
 """
@@ -34,14 +35,14 @@ from collections.abc import Sequence
 from diffsim.cli.commands import (cmd_compare, cmd_decode, cmd_eval, cmd_fit, cmd_mca,
                                   cmd_params, cmd_simulate)
 from diffsim.cli.common import (SMALL_LOOP_BYTES, CliError, add_input, add_run,  # noqa: F401
-                                non_negative_int, one_blas_thread, positive_int,
-                                put_llvm14_on_path, say, tune_xla)
+                                non_negative_int, one_blas_thread, positive_int, say,
+                                tune_xla)
 from diffsim.cli.predict import mca_predict, sim_predict  # noqa: F401 (public helpers)
 
-# Subsystems that bring their own subcommands: each module defines
-# `add_subcommand(subparsers)`, which adds its parser and sets `func`.
-SUBSYSTEM_COMMANDS: tuple[str, ...] = ("diffsim.measure.cli", "diffsim.perfvec.cli",
-                                       "diffsim.search.cli")
+# Subcommands with a module of their own: each defines `add_subcommand(subparsers)`,
+# which adds its parser and sets `func`.
+SUBSYSTEM_COMMANDS: tuple[str, ...] = ("diffsim.cli.measure", "diffsim.cli.perfvec",
+                                       "diffsim.cli.search")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,9 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
                  help="also write hex,diffsim,llvm_mca,error per row")
   p.set_defaults(func=cmd_compare)
 
-  p = sub.add_parser("params", help="build a parameter table from an llvm-mca CPU model")
-  p.add_argument("cpu", nargs="?", metavar="CPU", help="llvm-mca -mcpu name")
-  p.add_argument("-o", "--output", metavar="FILE.json", help="output (default CPU.json)")
+  p = sub.add_parser("params", help="build parameter tables from llvm-mca CPU models")
+  p.add_argument("cpu", nargs="*", metavar="CPU", help="llvm-mca -mcpu names")
+  p.add_argument("-o", "--output", metavar="FILE.json",
+                 help="output of one CPU's table (default CPU.json)")
+  p.add_argument("--out-dir", metavar="DIR",
+                 help="write DIR/CPU.json for each CPU (diffsim/params/tables rebuilds the "
+                      "shipped tables)")
+  p.add_argument("--no-probe", action="store_true",
+                 help="skip the timeline probes (read-advance, per-write latency, idioms, "
+                      "move elimination keep their defaults)")
   p.add_argument("--list", action="store_true",
                  help="list llvm-mca's CPU models and the shipped tables")
   p.add_argument("--progress", action="store_true", default=None,
@@ -157,7 +165,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
   if getattr(args, "progress", None) is None:
     args.progress = sys.stderr.isatty()
-  put_llvm14_on_path()
   tune_xla()
   one_blas_thread()
   try:

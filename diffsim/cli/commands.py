@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diffsim.cli.common import (LLVM_TOOLS, CliError, decode_rows, enable_compile_cache, fmt,
-                                hex_field, input_path, load_table_arg, need_llvm, open_out, pct,
+from diffsim.cli.common import (CliError, decode_rows, enable_compile_cache, fmt, hex_field,
+                                input_path, load_table_arg, need_llvm, open_out, pct,
                                 read_rows, report_failures, say, write_predictions)
-from diffsim.cli.predict import (decoded_in_background, mca_predict, sim_predict,
-                                 sim_predict_chunks)
+from diffsim.cli.predict import decoded_in_background, mca_predict, sim_predict, sim_predict_chunks
+from diffsim.llvmtools import TOOLS
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -128,26 +128,31 @@ def cmd_params(args: argparse.Namespace) -> int:
     return 0
   if not args.cpu:
     raise CliError("params needs a CPU name (or --list)")
+  if args.output and (args.out_dir or len(args.cpu) > 1):
+    raise CliError("-o names the file of one CPU's table; for several, use --out-dir")
   from diffsim.mca import mca_cpus
-  from diffsim.params.extract import build_table, write_table
-
-  need_llvm(*LLVM_TOOLS)
-  if args.cpu not in mca_cpus(include_generic=True):
-    raise CliError(f"llvm-mca 14 has no CPU model {args.cpu!r}; see `diffsim params --list`")
-  out = args.output or f"{args.cpu}.json"
-  t0 = time.perf_counter()
+  from diffsim.params.extract import build_table
   from diffsim.params.mctools import ToolError
+  from diffsim.params.table import write_json
 
-  try:
-    table = build_table(args.cpu, progress=args.progress)
-  except (ToolError, ValueError) as e:
-    raise CliError(f"cannot build a table for {args.cpu}: {e}") from None
-  try:
-    write_table(table, out)
-  except OSError as e:
-    raise CliError(f"cannot write {out}: {e.strerror}") from None
-  say(f"{args.cpu}: {len(table['opcodes'])} opcodes, {len(table.get('unsupported', {}))} "
-      f"unsupported, {time.perf_counter() - t0:.0f} s -> {out}")
+  need_llvm(*TOOLS)
+  for cpu in args.cpu:
+    if cpu not in mca_cpus(include_generic=True):
+      raise CliError(f"llvm-mca 14 has no CPU model {cpu!r}; see `diffsim params --list`")
+  for cpu in args.cpu:
+    out = args.output or str(Path(args.out_dir or ".") / f"{cpu}.json")
+    t0 = time.perf_counter()
+    try:
+      table = build_table(cpu, progress=args.progress, probe=not args.no_probe)
+    except (ToolError, ValueError) as e:
+      raise CliError(f"cannot build a table for {cpu}: {e}") from None
+    try:
+      Path(out).parent.mkdir(parents=True, exist_ok=True)
+      write_json(table, out)
+    except OSError as e:
+      raise CliError(f"cannot write {out}: {e.strerror}") from None
+    say(f"{cpu}: {len(table['opcodes'])} opcodes, {len(table.get('unsupported', {}))} "
+        f"unsupported, {time.perf_counter() - t0:.0f} s -> {out}")
   return 0
 
 

@@ -1,4 +1,4 @@
-"""What every subcommand shares: the error type, the environment (LLVM 14 on PATH,
+"""What every subcommand shares: the error type, the environment (the LLVM 14 tools,
 XLA's settings, the compilation cache), reading input rows, writing output and
 argument types."""
 
@@ -8,15 +8,10 @@ import argparse
 import csv
 import math
 import os
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
-
-# Debian's LLVM 14 keeps its unversioned tools here (on PATH only as `llvm-mc-14`).
-_LLVM14_BIN = Path("/usr/lib/llvm-14/bin")
-LLVM_TOOLS = ("llvm-mc", "llvm-mca", "llvm-exegesis")
 
 
 class CliError(Exception):
@@ -25,25 +20,6 @@ class CliError(Exception):
 
 # ---------------------------------------------------------------------------------
 # Environment.
-
-
-def put_llvm14_on_path() -> None:
-  """Makes the unversioned LLVM names (`llvm-mc`, ...) resolve to LLVM 14.
-
-  `diffsim.isa.decode` and `diffsim.params` call the tools by their plain names, but a
-  Debian system with only the `llvm-14` package installs them as `llvm-mc-14` or under
-  /usr/lib/llvm-14/bin. Putting that folder (or `$DIFFSIM_LLVM_BIN`) first on this
-  process's PATH lets every module find the same LLVM 14 as `diffsim.mca` does.
-  """
-  env_bin = os.environ.get("DIFFSIM_LLVM_BIN")
-  folder = Path(env_bin) if env_bin else _LLVM14_BIN
-  if not folder.is_dir():
-    return
-  resolved = [shutil.which(t) for t in LLVM_TOOLS]
-  if all(p and Path(p).resolve().parent == folder.resolve() for p in resolved):
-    return
-  os.environ["PATH"] = os.pathsep.join([str(folder), os.environ.get("PATH", "")])
-
 
 # XLA:CPU compiles a while loop whose buffers total at most this many bytes into one
 # kernel (its small-while-loop pass; 1 KB by default) rather than running every
@@ -115,7 +91,7 @@ def enable_compile_cache() -> None:
 
 def need_llvm(*names: str) -> None:
   """Fails early, with the install hint, when an LLVM 14 tool is missing."""
-  from diffsim.mca import find_llvm_tool
+  from diffsim.llvmtools import find_llvm_tool
 
   for name in names:
     try:

@@ -14,7 +14,7 @@ import numpy as np
 from diffsim.fit import grow as growth
 from diffsim.fit.learn import FitConfig, fit
 from diffsim.params.export import to_json
-from diffsim.params.table import Table, from_json
+from diffsim.params.table import Table, from_json, write_json
 
 Predictor = Callable[[Sequence], list]  # decoded blocks -> [(cycles or None, error)]
 
@@ -135,7 +135,7 @@ def fit_and_report(table: Table, train, val, test, out: Path, config: FitConfig,
                 source=f"diffsim fit from {init_name} on {n_train} measured blocks"
                        f"{f', grown {applied}' if applied else ''}, "
                        f"{datetime.date.today().isoformat()}")
-  (out / "params.json").write_text(json.dumps(doc, indent=None, separators=(",", ":")))
+  write_json(doc, out / "params.json")
   if histories:
     plot_history(histories, out / "loss.png")
   learned = from_json(doc)

@@ -6,16 +6,20 @@ the IR or the dataflow vocabulary (`roles`) stay light to import.
 
 from diffsim.isa.ir import FLAGS, FPCW, FPSW, Block, DecodeError, Instr, Mem, Read, Write
 
-_DECODE = ("REASONS", "block_from_json", "block_to_json", "clear_cache", "decode_block",
-           "decode_blocks", "parse_asm", "summarize")
+# Public names that load their module on first use, and that module.
+_LAZY = {
+    "REASONS": "decode", "clear_cache": "decode", "decode_block": "decode",
+    "decode_blocks": "decode", "summarize": "decode", "parse_asm": "asm",
+    "block_from_json": "blockjson", "block_to_json": "blockjson",
+}
 
 __all__ = ["FLAGS", "FPCW", "FPSW", "Block", "DecodeError", "Instr", "Mem", "Read", "Write",
-           *_DECODE]
+           *sorted(_LAZY)]
 
 
 def __getattr__(name: str):
-  if name in _DECODE:
-    from diffsim.isa import decode
+  if name in _LAZY:
+    import importlib
 
-    return getattr(decode, name)
+    return getattr(importlib.import_module(f"diffsim.isa.{_LAZY[name]}"), name)
   raise AttributeError(f"module 'diffsim.isa' has no attribute {name!r}")

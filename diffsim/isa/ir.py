@@ -66,6 +66,28 @@ class Write:
   width: int = 0
 
 
+# Interned IR atoms: the same (reg, role, width) recurs hundreds of thousands of times
+# in a corpus, so the decoder and the JSON reader share one instance of each.
+_read_pool: dict[tuple[str, str, int], Read] = {}
+_write_pool: dict[tuple[str, str, bool, int], Write] = {}
+
+
+def shared_read(reg: str, role: str, width: int = 0) -> Read:
+  """`Read(reg, role, width)`, the one instance of it."""
+  r = _read_pool.get((reg, role, width))
+  if r is None:
+    r = _read_pool[(reg, role, width)] = Read(reg, role, width)
+  return r
+
+
+def shared_write(reg: str, role: str, merge: bool, width: int = 0) -> Write:
+  """`Write(reg, role, merge, width)`, the one instance of it."""
+  w = _write_pool.get((reg, role, merge, width))
+  if w is None:
+    w = _write_pool[(reg, role, merge, width)] = Write(reg, role, merge, width)
+  return w
+
+
 @dataclasses.dataclass(frozen=True)
 class Mem:
   """One memory operand (not `lea`'s, which accesses no memory)."""

@@ -15,8 +15,6 @@ from diffsim.mca.disasm import disassemble as disassemble
 from diffsim.mca.timeline import Timeline as Timeline
 from diffsim.mca.timeline import timeline as timeline
 from diffsim.mca.tools import McaError as McaError
-from diffsim.mca.tools import find_llvm_tool as find_llvm_tool
-from diffsim.mca.tools import llvm_version as llvm_version
 
 __all__ = [
   "Disassembly",
@@ -24,8 +22,6 @@ __all__ = [
   "McaResult",
   "Timeline",
   "disassemble",
-  "find_llvm_tool",
-  "llvm_version",
   "mca_cpu_groups",
   "mca_cpus",
   "run_mca",

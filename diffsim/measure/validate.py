@@ -17,7 +17,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from diffsim.measure.harness import MeasureConfig, cpu_identity, measure_hexes
+from diffsim.measure.config import MeasureConfig
+from diffsim.measure.cpu import cpu_identity
+from diffsim.measure.harness import measure_hexes
 
 
 @dataclasses.dataclass(frozen=True)

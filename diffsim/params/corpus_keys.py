@@ -29,7 +29,8 @@ import os
 import sys
 from collections.abc import Iterable
 
-from diffsim.isa import decode
+from diffsim.isa.decode import decode_blocks
+from diffsim.isa.ir import DecodeError
 from diffsim.params import mctools
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,8 +60,8 @@ def collect(hex_blocks: Iterable[str], *, progress: bool = False) -> dict:
   """
   counts: dict[str, int] = {}
   best: dict[str, tuple[int, object]] = {}
-  for block in decode.decode_blocks(list(hex_blocks), progress=progress):
-    if isinstance(block, decode.DecodeError):
+  for block in decode_blocks(list(hex_blocks), progress=progress):
+    if isinstance(block, DecodeError):
       continue
     for i in block.instrs:
       counts[i.key] = counts.get(i.key, 0) + 1

@@ -24,6 +24,7 @@ import re
 import subprocess
 import tempfile
 
+from diffsim.llvmtools import find_llvm_tool
 from diffsim.params import mctools
 
 _POINT = """---
@@ -149,7 +150,7 @@ def read_classes(cpu: str, points: dict[str, str], *, workdir: str | None = None
       with open(yml, "w") as f:
         f.write(write_points(cpu, points))
       p = subprocess.run(
-          [mctools.LLVM_EXEGESIS, "-mode=analysis", f"-benchmarks-file={yml}",
+          [find_llvm_tool("llvm-exegesis"), "-mode=analysis", f"-benchmarks-file={yml}",
            f"-analysis-inconsistencies-output-file={rep}",
            f"-analysis-clusters-output-file={csv}", "-analysis-numpoints=1",
            "-analysis-clustering=naive"], capture_output=True, text=True, check=False)

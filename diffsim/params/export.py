@@ -22,12 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from diffsim.params.table import (
+  FORMAT,
   READ_CLASSES,
   WRITE_ROLES,
   Layout,
   Params,
   Table,
-  _expand_units,
+  expand_units,
   from_json,
   natural_key,
 )
@@ -132,7 +133,7 @@ def to_json(table: Table, params: Params | None = None, *, cpu: str | None = Non
     r["buffer"] = v if v > 0 else (was if was <= 0 else -1)
 
   return {
-      "format": src.get("format") or "diffsim-params/1",
+      "format": src.get("format") or FORMAT,
       "cpu": cpu or lay.cpu,
       "source": source or ("diffsim.params.export.to_json, rounded; from "
                            f"{src.get('source') or src.get('cpu') or lay.cpu}"),
@@ -172,7 +173,7 @@ def grow(doc: Mapping[str, Any], resource: str, extra: int) -> dict:
     entry["members"] = list(entry["members"]) + new
   else:
     entry["units"] = int(entry.get("units", 1)) + extra
-  units = _expand_units(res)[0]
+  units = expand_units(res)[0]
   if len(units) > MAX_UNITS:
     raise ValueError(f"growing {resource!r} by {extra} gives {len(units)} units; unit masks "
                      f"hold at most {MAX_UNITS}")

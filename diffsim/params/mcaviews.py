@@ -24,6 +24,7 @@ import json
 import re
 from collections.abc import Sequence
 
+from diffsim.llvmtools import find_llvm_tool
 from diffsim.params import mctools
 
 
@@ -52,7 +53,7 @@ class Units:
 
 def mca_args(cpu: str) -> list[str]:
   """The fixed part of every llvm-mca command line."""
-  return [mctools.LLVM_MCA, f"-mtriple={mctools.TRIPLE}", f"-mcpu={cpu}"]
+  return [find_llvm_tool("llvm-mca"), f"-mtriple={mctools.TRIPLE}", f"-mcpu={cpu}"]
 
 
 def _unsupported(stderr: str) -> str | None:

@@ -18,40 +18,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import shutil
 import subprocess
 from collections.abc import Iterable
 
-def _tool(name: str) -> str:
-  from diffsim.mca.tools import find_llvm_tool
+from diffsim.llvmtools import find_llvm_tool
 
-  try:
-    return find_llvm_tool(name)
-  except FileNotFoundError:
-    return name  # available() then reports it missing
-
-
-LLVM_MC = _tool("llvm-mc")
-LLVM_MCA = _tool("llvm-mca")
-LLVM_EXEGESIS = _tool("llvm-exegesis")
 TRIPLE = "x86_64-unknown-linux-gnu"
 
 
 class ToolError(RuntimeError):
   """An LLVM tool failed or reported an error on stderr."""
-
-
-def tools_available() -> bool:
-  """True when llvm-mc, llvm-mca and llvm-exegesis are on PATH."""
-  return all(shutil.which(t) for t in (LLVM_MC, LLVM_MCA, LLVM_EXEGESIS))
-
-
-def tool_versions() -> str:
-  """One line naming the llvm-mca version, for the tables' `source` field."""
-  out = subprocess.run([LLVM_MCA, "--version"], capture_output=True, text=True,
-                       check=False).stdout
-  m = re.search(r"LLVM version (\S+)", out)
-  return f"LLVM {m.group(1)}" if m else "LLVM (unknown version)"
 
 
 def run(args: list[str], stdin: str | None = None, *, check_stderr: bool = False,
@@ -156,7 +132,8 @@ def disassemble(hex_blocks: Iterable[str]) -> list[list[McInst]]:
   for h in hex_blocks:
     toks.extend("0x" + h[i:i + 2] for i in range(0, len(h), 2))
     toks.extend(("0x0f", "0x0b"))
-  p = run([LLVM_MC, "--disassemble", f"-triple={TRIPLE}", "-show-inst"], " ".join(toks))
+  p = run([find_llvm_tool("llvm-mc"), "--disassemble", f"-triple={TRIPLE}", "-show-inst"],
+          " ".join(toks))
   blocks: list[list[McInst]] = [[]]
   for inst in parse_show_inst(p.stdout):
     if inst.opcode == "TRAP":
@@ -207,7 +184,7 @@ def merge_prefixes(insts: list[McInst]) -> list[McInst]:
 
 def assemble(asm: str) -> list[McInst]:
   """Assembles AT&T text with `llvm-mc -show-inst` and returns its MCInsts."""
-  p = run([LLVM_MC, f"-triple={TRIPLE}", "-show-inst"], asm, check_stderr=True)
+  p = run([find_llvm_tool("llvm-mc"), f"-triple={TRIPLE}", "-show-inst"], asm, check_stderr=True)
   return parse_show_inst(p.stdout)
 
 
@@ -313,7 +290,8 @@ def exegesis_operand(kind: str, value, names: dict[int, str]) -> str:
 
 def encode(lines: list[str]) -> list[str | None]:
   """Each AT&T line's machine code as hex (llvm-mc -show-encoding), None on failure."""
-  p = run([LLVM_MC, f"-triple={TRIPLE}", "-show-encoding"], "\n".join(lines) + "\n")
+  p = run([find_llvm_tool("llvm-mc"), f"-triple={TRIPLE}", "-show-encoding"],
+          "\n".join(lines) + "\n")
   out = [m.group(1) for m in re.finditer(r"# encoding: \[([^\]]*)\]", p.stdout)]
   if len(out) != len(lines):
     return [None] * len(lines)

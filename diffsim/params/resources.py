@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Iterable
+
+import numpy as np
 
 
 def compare_numeric(a: str, b: str) -> int:
@@ -342,3 +345,89 @@ def infer_buffered_group(units: dict, groups: dict, lists: list[list[tuple[str, 
     if bad:
       note += f"; {bad} keys disagree with the inferred membership"
   return members, note
+
+
+# ----------------------------------------------------------------------------------------
+# Checking a resource list against llvm-mca's pressure
+
+
+def repair(model: Model, listed: list, want: dict) -> list | None:
+  """Rebuilds a kept resource list from llvm-mca's static pressure.
+
+  The candidates are the resources llvm-exegesis named (its names are right even
+  when its cycles are not), then those plus one or two other known resources. The
+  first candidate set whose pressure vectors are independent and reproduce `want`
+  with non-negative integer cycles wins.
+
+  Args:
+    model: the resource model.
+    listed: llvm-exegesis' [(name, cycles)].
+    want: llvm-mca's static pressure {unit: cycles}.
+
+  Returns:
+    [(name, cycles)] in mask order, or None.
+  """
+  cols = list(model.units)
+  base = [n for n, _ in listed if n in model.units or n in model.groups]
+  others = [n for n in model.order() if n not in base]
+  target = np.array([want.get(u, 0.0) for u in cols])
+
+  def vec(name):
+    v = np.zeros(len(cols))
+    sub = model.subunits(name)
+    for u in model.members(name):
+      v[cols.index(u)] = model.units[u] / sub
+    return v
+
+  def candidates():
+    # Fewest changes first: drop up to two of llvm-exegesis' names (cycles it left on
+    # an enclosing group) and add up to two other known resources.
+    for changes in range(5):
+      for drop in range(min(changes, 2, len(base)) + 1):
+        add = changes - drop
+        if add > 2:
+          continue
+        for dropped in itertools.combinations(base, drop):
+          kept_names = [n for n in base if n not in dropped]
+          for extra in itertools.combinations(others, add):
+            yield kept_names + list(extra)
+
+  for names in candidates():
+    if not names:
+      continue
+    a = np.stack([vec(n) for n in names], axis=1)
+    if np.linalg.matrix_rank(a) < len(names):
+      continue
+    x, *_ = np.linalg.lstsq(a, target, rcond=None)
+    xr = np.round(x)
+    if np.any(xr < 0) or np.max(np.abs(x - xr)) > 0.05:
+      continue
+    kept = [(n, int(c)) for n, c in zip(names, xr) if c > 0]
+    if pressure_matches(model, want, static_pressure(model, kept)):
+      return sorted(kept, key=lambda nc: model.mask_rank(nc[0]))
+  return None
+
+
+def resolve_resources(model: Model, listed: list, want: dict) -> tuple[list, str | None]:
+  """The resource list to publish for one key, and a note when it was inferred.
+
+  The list published is llvm-mca's kept list after its normalisation (3.1) of the
+  expansion of llvm-exegesis' list; for ordinary classes that is llvm-exegesis' list
+  itself.
+  """
+  norm = normalize(model, expand(model, listed))
+  if pressure_matches(model, want, static_pressure(model, norm.kept)):
+    kept = [(n, c) for n, c in norm.kept]
+    note = None
+    if sorted(kept) != sorted((n, c) for n, c in listed if c > 0):
+      note = f"normalised from llvm-exegesis' {_fmt(listed)}"
+    return kept, note
+  fixed = repair(model, listed, want)
+  if fixed is not None:
+    return fixed, f"rebuilt from llvm-mca pressure; llvm-exegesis said {_fmt(listed)}"
+  return [(n, c) for n, c in listed if c > 0], (
+      f"UNVERIFIED: llvm-exegesis' {_fmt(listed)} does not reproduce llvm-mca pressure")
+
+
+def _fmt(res: list) -> str:
+  return " ".join(f"{n}:{c}" for n, c in res) or "(none)"

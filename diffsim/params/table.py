@@ -34,6 +34,8 @@ from diffsim.isa.memory import RENAMING
 from diffsim.isa.roles import READ_CLASSES, REG_KINDS, WRITE_ROLES  # noqa: F401 (re-exported)
 
 
+# The format every table's JSON names (SCHEMA.md), and where the shipped tables live.
+FORMAT = "diffsim-params/1"
 TABLES_DIR = Path(__file__).parent / "tables"
 
 
@@ -131,7 +133,7 @@ class Table:
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
 
-def _expand_units(resources) -> tuple[list[str], dict[str, list[str]], list[dict]]:
+def expand_units(resources) -> tuple[list[str], dict[str, list[str]], list[dict]]:
   """Unit names in bit order, each resource's units, and the group entries."""
   kinds = [r for r in resources if "members" not in r]
   groups = [r for r in resources if "members" in r]
@@ -244,7 +246,7 @@ def _memory_renaming(g: Mapping[str, Any]) -> str:
 def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
   """Builds a Table from the JSON form (`SCHEMA.md`)."""
   resources = doc["resources"]
-  units, of, groups = _expand_units(resources)
+  units, of, groups = expand_units(resources)
   unit_bit = {u: i for i, u in enumerate(units)}
   members = {}
   order = {}
@@ -389,6 +391,18 @@ def load_json(cpu_or_path: str | Path) -> dict:
     raise ValueError(f"unknown CPU table {cpu_or_path!r}: shipped tables are "
                      f"{', '.join(available_tables())}; or pass a JSON file path")
   return json.loads(shipped.read_text())
+
+
+def write_json(doc: Mapping[str, Any], path: str | Path) -> None:
+  """Writes a table's JSON document with one line per opcode, so that diffs between
+  two tables (a rebuild, a fit) stay readable."""
+  head = {k: v for k, v in doc.items() if k != "opcodes"}
+  items = sorted(doc["opcodes"].items())
+  lines = ["{"] + [f"{json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+  lines.append('"opcodes": {')
+  lines += [f"{json.dumps(k)}: {json.dumps(v)}{',' if i + 1 < len(items) else ''}"
+            for i, (k, v) in enumerate(items)]
+  Path(path).write_text("\n".join(lines + ["}", "}"]) + "\n")
 
 
 @functools.lru_cache(maxsize=16)

@@ -6,7 +6,7 @@
 - `blueprint`: a CPU's specification embedded from its parameter table.
 - `glimpse`: blueprint priors, meta-trained neural acquisition, validity ensemble.
 - `baselines`: random search, AutoTVM-style (gradient boosting + annealing), plain BO.
-- `cli`: `diffsim search TASK --target CPU --budget N`.
+- `diffsim search TASK --target CPU --budget N` (`diffsim.cli.search`) runs them.
 """
 
 # The methods `diffsim search --method` takes (defined here, where the CLI parser can

@@ -15,13 +15,12 @@ float32.
 from __future__ import annotations
 
 import functools
-
 import re
 import subprocess
 from collections.abc import Sequence
 
 from diffsim.isa import decode_blocks, parse_asm
-from diffsim.isa.decode import llvm_mc
+from diffsim.llvmtools import find_llvm_tool
 from diffsim.search.space import ISAS, Config, Task
 
 
@@ -187,7 +186,7 @@ def lower_many(task: Task, configs: Sequence[Config]) -> list:
   A configuration that fails gets its DecodeError in place of a Block.
   """
   texts = [assembly(task, c).splitlines() for c in configs]
-  res = subprocess.run([llvm_mc(), "-triple=x86_64", "-show-encoding"],
+  res = subprocess.run([find_llvm_tool("llvm-mc"), "-triple=x86_64", "-show-encoding"],
                        input="\n".join(line for t in texts for line in t) + "\n",
                        capture_output=True, text=True, check=False)
   if "error:" in res.stderr:

@@ -1,33 +1,22 @@
-"""Hand-checked decoding facts for diffsim.isa.decode (needs llvm-mc 14 on PATH)."""
+"""Hand-checked decoding facts for diffsim.isa's decoder (needs LLVM 14's llvm-mc)."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diffsim.isa import (
-  FLAGS,
-  REASONS,
-  Block,
-  DecodeError,
-  block_from_json,
-  block_to_json,
-  decode_block,
-  decode_blocks,
-  parse_asm,
-  summarize,
-)
-from diffsim.isa import decode as decode_mod
+from diffsim.isa import (FLAGS, REASONS, Block, DecodeError, Write, block_from_json,
+                         block_to_json, decode_block, decode_blocks, llvmmc, parse_asm,
+                         summarize)
+from diffsim.llvmtools import available
 
-pytestmark = pytest.mark.skipif(shutil.which(decode_mod.llvm_mc()) is None,
-                                reason="llvm-mc (LLVM 14) not on PATH")
+pytestmark = pytest.mark.skipif(not available("llvm-mc"), reason="no LLVM 14 llvm-mc")
 
 # Real BHive blocks (MIT licence), chosen for variety: lock, stack, zero idioms, sbb,
 # VEX, x87, FS, partial writes, legacy SSE, div, cmov, address indexes.
@@ -197,7 +186,7 @@ _X87_PROBES = ["fld %st(2)", "fldl (%rdi)", "fstp %st(2)", "fstpl (%rdi)", "fild
 
 
 @pytest.mark.mca
-@pytest.mark.skipif(shutil.which("llvm-mca") is None, reason="llvm-mca not on PATH")
+@pytest.mark.skipif(not available("llvm-mca"), reason="no LLVM 14 llvm-mca")
 @pytest.mark.parametrize("text", _X87_PROBES)
 def test_x87_state_matches_llvm_mca(text):
   # For each x87 state word, whether llvm-mca makes the instruction wait on an
@@ -238,7 +227,7 @@ def test_x87_state_matches_llvm_mca(text):
 def test_partial_writes(hand, name, key, reg, merge, width):
   i = one(hand, name)
   assert i.key == key
-  assert i.writes[0] == decode_mod._write(reg, "op0", merge, width)
+  assert i.writes[0] == Write(reg, "op0", merge, width)
 
 
 def test_widths(hand):
@@ -288,7 +277,7 @@ def test_conditional_write_reads_only_tied_destinations(hand, name, key, reads_d
 
 
 @pytest.mark.mca
-@pytest.mark.skipif(shutil.which("llvm-mca") is None, reason="llvm-mca not on PATH")
+@pytest.mark.skipif(not available("llvm-mca"), reason="no LLVM 14 llvm-mca")
 @pytest.mark.parametrize("text", ["bsrl %ecx, %eax", "bsfq (%rcx), %rax",
                                   "cmovel %ecx, %eax", "cmovgq 8(%rcx), %rax"])
 def test_conditional_write_matches_llvm_mca(text):
@@ -314,7 +303,7 @@ def test_xor_zero_idiom(hand):
 
 
 @pytest.mark.mca
-@pytest.mark.skipif(shutil.which("llvm-mca") is None, reason="llvm-mca not on PATH")
+@pytest.mark.skipif(not available("llvm-mca"), reason="no LLVM 14 llvm-mca")
 def test_zero_idiom_sources_matter_where_the_cpu_says_so():
   # XOR8rr@same is no zero idiom on Haswell: llvm-mca waits for the producer of %dl,
   # so the IR must list the read although iced calls the instruction a zero idiom.
@@ -510,14 +499,14 @@ def test_decoding_in_background_is_decoding_here():
 def test_background_decoder_reports_a_missing_llvm_mc(monkeypatch):
   from diffsim.isa.background import decode_in_background
 
-  monkeypatch.setenv("DIFFSIM_LLVM_MC", "/nonexistent/llvm-mc")
+  monkeypatch.setenv("DIFFSIM_LLVM_BIN", "/nonexistent")  # read by the fresh child
   with decode_in_background(BHIVE[:3], chunk=2) as chunks:
-    with pytest.raises(RuntimeError, match="/nonexistent/llvm-mc not found"):
+    with pytest.raises(RuntimeError, match="apt-get install llvm-14"):
       list(chunks)
 
 
 def test_prefix_lines_fold_into_the_instruction():
-  fold = decode_mod._fold_prefixes
+  fold = llvmmc.fold_prefixes
   assert fold([("lock", "LOCK_PREFIX"), ("addq %rcx, (%rax)", "ADD64mr")], "x") == (
       "ADD64mr", "lock addq %rcx, (%rax)")
   assert fold([("xacquire", "XACQUIRE_PREFIX"), ("lock", "LOCK_PREFIX"),
@@ -543,7 +532,7 @@ def test_xacquire_is_a_separate_instruction_for_llvm_mca():
 
 def test_magic_separator_inside_a_block():
   # The very instruction used as llvm-mc's separator must still decode.
-  sep = "48b8" + decode_mod._SEP_IMM.hex()
+  sep = "48b8" + llvmmc.SEP_IMM.hex()
   b = decode_block("4801d8" + sep + "4801d8")
   assert [i.key for i in b.instrs] == ["ADD64rr", "MOV64ri", "ADD64rr"]
 
@@ -582,7 +571,7 @@ def test_json_round_trip(hand):
   assert d["instrs"][0]["writes"] == [["RAX", "op0", True, 8]]
   # Lists written before widths existed still load, as width 0.
   d["instrs"][0]["writes"] = [["RAX", "op0", True]]
-  assert block_from_json(d).instrs[0].writes[0] == decode_mod._write("RAX", "op0", True)
+  assert block_from_json(d).instrs[0].writes[0] == Write("RAX", "op0", True)
 
 
 def test_real_blocks_decode():

@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 from diffsim.data import load_csv, shipped
-from diffsim.mca import disassemble, find_llvm_tool
+from diffsim.llvmtools import find_llvm_tool
+from diffsim.mca import disassemble
 
 
 @pytest.fixture(scope="session")

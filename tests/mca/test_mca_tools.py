@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diffsim.mca import find_llvm_tool, steady
+from diffsim.llvmtools import find_llvm_tool
+from diffsim.mca import steady
 
 
 def test_steady():

@@ -16,7 +16,7 @@ import pytest
 
 from diffsim.cli import main
 from diffsim.measure import MeasureConfig, measure_hexes, run_checks, runner_path
-from diffsim.measure.harness import CODE_BUDGET, Runner, unroll_factors
+from diffsim.measure.runner import CODE_BUDGET, Runner, unroll_factors
 from diffsim.measure.validate import CHECKS, core_name
 
 QUICK = MeasureConfig.quick()
@@ -203,15 +203,15 @@ def test_quiet_canary_speed_survives_a_mostly_busy_run():
   # The reference for "quiet" is the lowest value several passes share: right even when
   # 19 passes in 20 ran beside a busy neighbour (a low percentile is not), and not
   # dragged down by a pass whose calibration went wrong.
-  from diffsim.measure.harness import _lowest_cluster
+  from diffsim.measure.stats import lowest_cluster
 
   rng = np.random.default_rng(0)
   busy = 2.0 * (1.1 + rng.exponential(0.4, 950))
   quiet = 2.0 * (1 + rng.normal(0, 0.002, 50))
   history = np.concatenate([busy, quiet, [0.14, 1.35]])
   assert np.percentile(history, 10) > 2.1
-  assert _lowest_cluster(history) == pytest.approx(2.0, rel=0.01)
-  assert _lowest_cluster(np.array([2.0, 2.5])) == np.inf  # too few passes to say
+  assert lowest_cluster(history) == pytest.approx(2.0, rel=0.01)
+  assert lowest_cluster(np.array([2.0, 2.5])) == np.inf  # too few passes to say
 
 
 def test_cli_measures_the_bhive_corpus_format(tmp_path):

@@ -6,20 +6,19 @@ them); rebuilding whole tables is `slow`.
 """
 
 import json
-import os
 
 import pytest
 
-from diffsim.params import corpus_keys, extract, mctools
+from diffsim.llvmtools import TOOLS, available
+from diffsim.params import corpus_keys, extract, mctools, variants
 from diffsim.params import resources as R
+from diffsim.params.table import TABLES_DIR
 
-TABLES = extract.TABLES
-HAVE_TOOLS = mctools.tools_available()
-needs_tools = pytest.mark.skipif(not HAVE_TOOLS, reason="LLVM 14 tools not on PATH")
+needs_tools = pytest.mark.skipif(not available(*TOOLS), reason="no LLVM 14 tools")
 
 
 def _table(cpu):
-  with open(os.path.join(TABLES, f"{cpu}.json")) as f:
+  with open(TABLES_DIR / f"{cpu}.json") as f:
     return json.load(f)
 
 
@@ -66,8 +65,8 @@ def test_table_keys_are_the_corpus_keys(cpu):
   # slow LEA forms (`@3op`, `@scale`) and zero immediates (`@imm0`), each where it costs
   # something else.
   t = _table(cpu)
-  variants = set(extract.CONDITIONS) | {"3op", "scale", "imm0"}
-  plain = {k for k in t["opcodes"] if k.split("@")[-1] not in variants}
+  suffixes = set(variants.CONDITIONS) | {"3op", "scale", "imm0"}
+  plain = {k for k in t["opcodes"] if k.split("@")[-1] not in suffixes}
   assert plain | set(t["unsupported"]) == set(corpus_keys.load())
   for k in set(t["opcodes"]) - plain:
     assert {f: v for f, v in t["opcodes"][k].items() if f not in ("evidence", "sched_class")} \
@@ -93,9 +92,9 @@ def test_corpus_examples_decode_to_their_keys():
   # The keys are the decoder's: each example's bytes decode to its key, and no key is
   # a non-canonical encoding that llvm-mca never simulates (XOR32rr_REV, PUSH64i32
   # for a small immediate).
-  from diffsim.isa import decode  # pylint: disable=import-outside-toplevel
+  from diffsim.isa import decode_blocks  # pylint: disable=import-outside-toplevel
   keys = corpus_keys.load()
-  blocks = decode.decode_blocks([e["hex"] for e in keys.values()])
+  blocks = decode_blocks([e["hex"] for e in keys.values()])
   assert [b.instrs[0].key for b in blocks] == list(keys)
   assert "XOR32rr_REV@same" not in keys and "XOR32rr@same" in keys
 

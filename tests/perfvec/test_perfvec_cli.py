@@ -89,9 +89,10 @@ def test_predict_columns_errors_and_uarch_kinds(model_dir, tmp_path, capsys):
 def test_adapting_to_a_table_fits_its_simulated_probes(model_dir, capsys):
   """The adapted vector is fitted to the probes' throughput simulated on the table, from
   the encoder's vector; a training uarch keeps its own vector."""
+  from diffsim.cli import perfvec as cli
   from diffsim.cli import sim_predict
   from diffsim.isa import decode_blocks
-  from diffsim.perfvec import cli, reuse
+  from diffsim.perfvec import reuse
   from diffsim.perfvec.data import Uarch, uarch_table
 
   trained = load(model_dir)

@@ -51,7 +51,7 @@ def add_subcommand(subparsers) -> None:
 
 
 def _config(args: argparse.Namespace):
-  from diffsim.measure.harness import MeasureConfig
+  from diffsim.measure.config import MeasureConfig
 
   if args.rounds > 1024:
     raise CliError(f"--rounds {args.rounds}: at most 1024")
@@ -73,7 +73,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-  from diffsim.measure.harness import describe_cpu
+  from diffsim.measure.cpu import describe_cpu
   from diffsim.measure.validate import format_checks, run_checks
 
   results, cpu = run_checks(_config(args))
@@ -97,7 +97,8 @@ def _write_csv(out: Path, rows: list, hexes: list, results: list, bad: dict) -> 
 
 
 def _measure(args: argparse.Namespace) -> int:
-  from diffsim.measure.harness import describe_cpu, measure_hexes
+  from diffsim.measure.cpu import describe_cpu
+  from diffsim.measure.harness import measure_hexes
 
   if not args.output or args.output == "-":
     raise CliError("measure needs -o OUT.csv (it keeps a resume log and a sidecar beside it)")
@@ -121,7 +122,7 @@ def _measure(args: argparse.Namespace) -> int:
   except OSError as e:
     raise CliError(f"cannot write {out}: {e.strerror}") from None
 
-  from diffsim.measure.harness import cpu_identity
+  from diffsim.measure.cpu import cpu_identity
 
   cpu = cpu_identity()
   ok = [r for r in results if r.cycles is not None]

@@ -18,8 +18,8 @@ from diffsim.cli.common import CliError, enable_compile_cache, load_table_arg, p
 
 
 def add_subcommand(subparsers) -> None:
-  from diffsim.search.space import TASKS
   from diffsim.search import ALL_METHODS
+  from diffsim.search.space import TASKS
 
   p = subparsers.add_parser("search", help="tune a kernel's code-generation knobs for a CPU")
   p.add_argument("task", choices=sorted(TASKS), metavar="TASK",
@@ -61,10 +61,10 @@ def _intel(text: str) -> str:
   """AT&T text in Intel syntax, via llvm-mc's printer."""
   import subprocess
 
-  from diffsim.isa.decode import llvm_mc
+  from diffsim.llvmtools import find_llvm_tool
 
-  res = subprocess.run([llvm_mc(), "-triple=x86_64", "-output-asm-variant=1"], input=text,
-                       capture_output=True, text=True, check=False)
+  res = subprocess.run([find_llvm_tool("llvm-mc"), "-triple=x86_64", "-output-asm-variant=1"],
+                       input=text, capture_output=True, text=True, check=False)
   lines = [ln.strip() for ln in res.stdout.splitlines()
            if ln.strip() and not ln.strip().startswith(".")]
   return "\n".join(lines) + "\n"

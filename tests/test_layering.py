@@ -1,0 +1,124 @@
+"""The package's imports follow the data flow: no module imports from a later stage.
+
+Every module of `diffsim` is parsed (not imported), and each `import diffsim.X` or
+`from diffsim.X import ...` it holds, lazy ones inside functions included, is checked
+against the rank table below. A module may import from its own unit or from a unit of
+lower rank; two units of the same rank stay independent.
+"""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+from pathlib import Path
+
+import diffsim
+
+# Rank of each unit, in the order data flows (design.md, style.md 1): the LLVM tool
+# lookup, then decoding (the isa modules, ranked below); the bridges to llvm-mca and to
+# datasets, which parameter extraction already uses; parameter tables; the simulator;
+# the workflows built on it (perfvec reuses fit's training loop); measuring, which may
+# use anything before it; the command line, which may use everything; and the package's
+# curated surface and `python -m diffsim` on top. Nothing imports `cli` but those two.
+RANK = {
+    "diffsim.llvmtools": 0,
+    "diffsim.isa": 1,
+    "diffsim.mca": 2,
+    "diffsim.data": 2,
+    "diffsim.params": 3,
+    "diffsim.sim": 4,
+    "diffsim.fit": 5,
+    "diffsim.perfvec": 6,
+    "diffsim.search": 6,
+    "diffsim.measure": 7,
+    "diffsim.cli": 8,
+    "diffsim": 9,
+    "diffsim.__main__": 9,
+}
+# Inside isa the same rule, one step finer: the IR vocabulary, the two decoders' facts,
+# public decoding, what is built on it (assembly text, JSON, the background decoder),
+# and last encoding to arrays, which nothing else in isa needs.
+ISA_RANK = {
+    "ir": 0, "roles": 0, "heap": 0, "idioms": 0, "memory": 1,
+    "iced_facts": 2, "llvmmc": 2,
+    "decode": 3,
+    "asm": 4, "blockjson": 4, "background": 4,
+    "encode": 5,
+}
+
+
+def unit(module: str) -> str:
+  """The ranked unit a module belongs to: `diffsim.sim.issue` -> `diffsim.sim`."""
+  parts = module.split(".")
+  return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def modules() -> dict[str, Path]:
+  """Every module of the package (its `__init__` included), with its source file."""
+  found = {"diffsim": Path(diffsim.__file__)}
+  for info in pkgutil.walk_packages(diffsim.__path__, "diffsim."):
+    found[info.name] = Path(info.module_finder.find_spec(info.name).origin)
+  return found
+
+
+def imports(module: str, path: Path) -> list[tuple[int, str]]:
+  """(line, imported diffsim module) for every import statement in the file."""
+  package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+  out = []
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      out += [(node.lineno, a.name) for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:  # relative: resolve against this module's package
+        anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(anchor + ([base] if base else []))
+      # `from diffsim.isa import decode` imports the submodule `diffsim.isa.decode`.
+      out += [(node.lineno, f"{base}.{a.name}") for a in node.names]
+  return [(line, name) for line, name in out if name.split(".")[0] == "diffsim"]
+
+
+def violations(module: str, path: Path) -> list[str]:
+  """What `module` imports against the rank tables, as `file:line: a -> b` lines."""
+  bad = []
+  here = unit(module)
+  for line, name in imports(module, path):
+    there = unit(name)
+    if there not in RANK:  # `from diffsim import load_table`: the curated surface
+      there = "diffsim"
+    ok = there == here or RANK[there] < RANK[here]
+    if ok and here == there == "diffsim.isa":
+      a, b = module.split(".")[2:3], name.split(".")[2:3]
+      if a and b and b[0] in ISA_RANK:
+        ok = a[0] == b[0] or ISA_RANK[b[0]] < ISA_RANK[a[0]]
+    if not ok:
+      bad.append(f"{path}:{line}: {module} imports {name}")
+  return bad
+
+
+def test_every_unit_and_isa_module_is_ranked():
+  found = modules()
+  assert {unit(m) for m in found} <= set(RANK)
+  isa = {m.split(".")[2] for m in found if m.startswith("diffsim.isa.")}
+  assert isa == set(ISA_RANK), "rank the new isa module in ISA_RANK"
+
+
+def test_no_module_imports_a_later_stage():
+  bad = [v for m, p in sorted(modules().items()) for v in violations(m, p)]
+  assert not bad, "imports against the data flow:\n" + "\n".join(bad)
+
+
+def test_the_llvm_lookup_is_a_leaf():
+  # It sits below isa, so it may import nothing from diffsim at all.
+  path = modules()["diffsim.llvmtools"]
+  assert imports("diffsim.llvmtools", path) == []
+
+
+def test_a_later_import_is_caught(tmp_path):
+  # The rule itself: isa importing a parameter table is the kind of slip it exists for.
+  src = tmp_path / "decode.py"
+  src.write_text("def f():\n  from diffsim.params import table\n")
+  assert violations("diffsim.isa.decode", src) == [
+      f"{src}:2: diffsim.isa.decode imports diffsim.params.table"]
+  src.write_text("from diffsim.isa import encode\n")
+  assert violations("diffsim.isa.decode", src)
