@@ -48,9 +48,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from simulate_speed import sample_hexes  # noqa: E402
 
 from diffsim.isa import decode_blocks  # noqa: E402
-from diffsim.isa.encode import BUCKETS, encode, renaming_for  # noqa: E402
+from diffsim.isa.encode import BUCKETS  # noqa: E402
 from diffsim.params.table import load_table  # noqa: E402
-from diffsim.sim import simulate  # noqa: E402
+from diffsim.sim import encode, simulate  # noqa: E402
 
 STAGES = ("issue.py", "dispatch.py", "retire.py", "pipeline.py", "period.py", "facts.py")
 SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
@@ -140,22 +140,21 @@ def report():
   hexes, source = sample_hexes(20 * ARGS.n)
   blocks = [b for b in decode_blocks(hexes)
             if not isinstance(b, Exception) and lo <= len(b.instrs) <= hi]
-  ren = renaming_for(table)
   runnable = []
   for b in blocks:
     try:
-      encode([b], table.layout.index, renaming=ren)
+      encode(table, [b])
     except Exception:  # noqa: BLE001 (unsupported opcode: not this benchmark's concern)
       continue
     runnable.append(b)
     if len(runnable) == ARGS.n:
       break
   L = next(x for x in BUCKETS if hi <= x)
-  batch = encode(runnable, table.layout.index, length=L, renaming=ren)
+  batch = encode(table, runnable, length=L)
   its = np.full(len(runnable), 100, np.int32)
-  simulate(table, batch, its)  # compile
+  simulate(table, batch, iterations=its)  # compile
   jax.profiler.start_trace(f"{WORK}/trace")
-  simulate(table, batch, its)
+  simulate(table, batch, iterations=its)
   jax.profiler.stop_trace()
 
   total, runs = kernel_times(f"{WORK}/trace")

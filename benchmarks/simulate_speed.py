@@ -33,8 +33,7 @@ from diffsim.isa import decode_blocks  # noqa: E402
 from diffsim.llvmtools import llvm_version  # noqa: E402
 from diffsim.mca import run_mca  # noqa: E402
 from diffsim.params.table import load_table  # noqa: E402
-from diffsim.isa.encode import encode, renaming_for  # noqa: E402
-from diffsim.sim import simulate, simulate_blocks  # noqa: E402
+from diffsim.sim import encode, simulate, simulate_blocks  # noqa: E402
 from diffsim.sim.api import window_for  # noqa: E402
 
 
@@ -124,15 +123,16 @@ def main(argv=None):
   # What the per-cycle passes over the window cost: the same blocks with a wider ring
   # (identical cycle counts; only the window-wide work grows).
   grp = [b for b in ok if 5 <= len(b.instrs) <= 8][:1000]
-  batch = encode(grp, table.layout.index, length=8, renaming=renaming_for(table))
+  batch = encode(table, grp, length=8)
   base = window_for(table.params.rob_size)
   print(f"\n# time vs window width ({len(grp)} blocks of 5-8 instructions, warm; "
         "the cycle counts do not change)")
   print(f"{'window':>10s} {'seconds':>9s} {'blocks/s':>10s}")
   secs = {}
   for w in (base, 2 * base):
-    ref_cycles = simulate(table, batch, args.iterations, window=w)[0]
-    (cycles, _), secs[w] = timed(simulate, table, batch, args.iterations, window=w)
+    ref_cycles = simulate(table, batch, iterations=args.iterations, window=w)[0]
+    (cycles, _), secs[w] = timed(simulate, table, batch, iterations=args.iterations,
+                                 window=w)
     assert (cycles == ref_cycles).all()
     print(f"{w:10d} {secs[w]:9.2f} {len(grp) / secs[w]:10.0f}")
   print(f"share of the time that grows with the window at {base} slots: "

@@ -94,9 +94,8 @@ def main() -> None:
   n_blocks = 0
   t0 = time.time()
   for k, mb in enumerate(mbs):
-    cycles, overflow, traces = learn.record_local(table.params, table.structure, mb,
-                                                  table.layout, W)
-    real = (mb.weight > 0) & ~np.asarray(overflow)
+    _, codes, traces = learn.record_local(table, table.params, mb, W)
+    real = (mb.weight > 0) & (np.asarray(codes) == 0)
     n_blocks += int(real.sum())
     hard = np.asarray(learn.hard_steady(traces, mb.batch.length, mb.iterations))
     for tau in (TAUS if len(gap[0.0]) < args.n else ()):

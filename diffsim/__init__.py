@@ -47,7 +47,11 @@ _EXPORTS = {
   "load_table": "diffsim.params.table",
   "available_tables": "diffsim.params.table",
   # The simulator.
+  "Cycles": "diffsim.sim",
   "Prediction": "diffsim.sim",
+  "SimulationError": "diffsim.sim",
+  "SoftCycles": "diffsim.sim",
+  "encode": "diffsim.sim",
   "simulate": "diffsim.sim",
   "simulate_blocks": "diffsim.sim",
   "simulate_soft": "diffsim.sim",
@@ -60,15 +64,19 @@ _SUBPACKAGES = ("isa", "mca", "data", "params", "sim", "fit")
 
 __all__ = [
   "Block",
+  "Cycles",
   "DecodeError",
   "FitConfig",
   "Instr",
   "Prediction",
+  "SimulationError",
+  "SoftCycles",
   "__version__",
   "available_tables",
   "block_to_json",
   "decode_block",
   "decode_blocks",
+  "encode",
   "fit",
   "load_csv",
   "load_rows",
@@ -104,7 +112,11 @@ if TYPE_CHECKING:  # static analysers see plain re-exports
   from diffsim.mca import steady as steady
   from diffsim.params.table import available_tables as available_tables
   from diffsim.params.table import load_table as load_table
+  from diffsim.sim import Cycles as Cycles
   from diffsim.sim import Prediction as Prediction
+  from diffsim.sim import SimulationError as SimulationError
+  from diffsim.sim import SoftCycles as SoftCycles
+  from diffsim.sim import encode as encode
   from diffsim.sim import simulate as simulate
   from diffsim.sim import simulate_blocks as simulate_blocks
   from diffsim.sim import simulate_soft as simulate_soft

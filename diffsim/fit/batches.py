@@ -15,9 +15,9 @@ import dataclasses
 import numpy as np
 
 from diffsim.isa.decode import decode_blocks
-from diffsim.isa.encode import BUCKETS, BlockBatch, encode, renaming_for
+from diffsim.isa.encode import BUCKETS, BlockBatch
 from diffsim.params.table import Table
-from diffsim.sim.api import block_error, cost_estimates
+from diffsim.sim.api import block_error, cost_estimates, encode
 
 
 def dynamic_for(length: int) -> int:
@@ -57,7 +57,6 @@ def minibatches(table: Table, hexes, y, batch_size: int) -> tuple[list[Minibatch
     L = next(x for x in BUCKETS if len(b.instrs) <= x)
     by_len.setdefault(L, []).append(i)
   out = []
-  renaming = renaming_for(table)
   for L, ids in sorted(by_len.items()):
     cost = cost_estimates(table, [blocks[i] for i in ids])
     ids = [ids[k] for k in np.argsort(cost, kind="stable")]
@@ -66,7 +65,7 @@ def minibatches(table: Table, hexes, y, batch_size: int) -> tuple[list[Minibatch
       part = ids[s:s + batch_size]
       pad = batch_size - len(part)
       rows = np.array(part + [part[0]] * pad, np.int64)
-      batch = encode([blocks[i] for i in rows], table.layout.index, length=L, renaming=renaming)
+      batch = encode(table, [blocks[i] for i in rows], length=L)
       n = np.array([len(blocks[i].instrs) for i in rows])
       its = np.maximum(2, (T // n) // 2 * 2).astype(np.int32)
       weight = np.r_[np.ones(len(part)), np.zeros(pad)].astype(np.float32)

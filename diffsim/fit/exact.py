@@ -207,9 +207,9 @@ class Judge:
   def __call__(self, table: Table, ids: Sequence[int], iterations: int = 100,
                moved: Sequence[int] | None = None) -> np.ndarray:
     """[len(ids)] steady cycles per 100 iterations; NaN where a block cannot run or
-    overflowed its cycle budget. `moved[j]` (>= 0): block ids[j] runs with its opcode
-    row moved[j] replaced by that row's variant (`variants`), in `table`, a table
-    with variant rows."""
+    its run failed (a status code: past its cycle budget). `moved[j]` (>= 0): block
+    ids[j] runs with its opcode row moved[j] replaced by that row's variant
+    (`variants`), in `table`, a table with variant rows."""
     import jax
 
     from diffsim.isa.encode import assemble
@@ -236,9 +236,9 @@ class Judge:
         m = len(part)
         its = np.zeros(2 * self.job, np.int32)
         its[:m], its[self.job:self.job + m] = iterations, 2 * iterations
-        cyc, ovf = simulate(table, batch, its)
+        cyc, codes = simulate(table, batch, iterations=its, throw=False)
         val = 100.0 * (cyc[self.job:self.job + m] - cyc[:m]) / iterations
-        out[part] = np.where(ovf[:m] | ovf[self.job:self.job + m], np.nan, val)
+        out[part] = np.where((codes[:m] | codes[self.job:self.job + m]) != 0, np.nan, val)
     return out
 
 

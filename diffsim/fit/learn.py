@@ -24,8 +24,8 @@ import optax
 
 from diffsim.fit.batches import Minibatch, dynamic_for, minibatches
 from diffsim.params.table import Params, Table
-from diffsim.sim import soft
-from diffsim.sim.api import record_schedules, window_for
+from diffsim.sim import soft, status
+from diffsim.sim.api import DEFAULT_MAX_CYCLES, Schedules, record_schedules, window_for
 from diffsim.sim.state import DISPATCH, ISSUE, RETIRE
 
 # What a fit may change; the rest of the table (buffers, queues, register files)
@@ -39,7 +39,7 @@ class FitConfig:
 
   epochs: int = 30
   batch_size: int = 128
-  lr: float = 0.1  # Adam's peak step (cycles), cosine-decayed to lr / 10
+  lr: float = 0.1  # Adam's peak step (cycles), cosine-decayed to lr / 10 (`optimizer`)
   # The pull towards the initial table, in blocks' worth of evidence: each parameter's
   # squared distance from its start weighs as much as `prior` training blocks' error,
   # so a parameter that 50 blocks exercise moves and one that none does stays.
@@ -50,14 +50,30 @@ class FitConfig:
   patience: int = 6  # epochs without a better validation error before stopping
   seed: int = 0
   trainable: tuple[str, ...] = TRAINABLE
+  max_cycles: int = DEFAULT_MAX_CYCLES  # the hard runs' cycle budget (`simulate`)
 
 
-def record_local(params, structure, mb: Minibatch, layout, window):
+def record_local(table: Table, params, mb: Minibatch, window: int,
+                 max_cycles: int = DEFAULT_MAX_CYCLES) -> Schedules:
   """The minibatch's hard schedules (`record_schedules`), gathered onto one device for
   the replay (which then runs as one program, with no cross-device reduction)."""
-  out = record_schedules(params, structure, layout, mb.batch, mb.iterations, window=window,
-                         dynamic=dynamic_for(mb.length))
+  out = record_schedules(table, mb.batch, params=params, iterations=mb.iterations,
+                         dynamic=dynamic_for(mb.length), window=window, max_cycles=max_cycles)
   return jax.device_put(out, jax.local_devices()[0])
+
+
+def replayable(mb: Minibatch, codes, throw: bool, failed: dict, part: str) -> np.ndarray:
+  """`mb.weight` without the blocks whose hard run failed (`codes`, their status): a
+  truncated or unfinished schedule must not be replayed as if it were whole. With
+  `throw`, a failure raises `status.SimulationError` naming the blocks' rows in the
+  dataset; without, each is recorded in `failed` ((part, row) -> its codes, or-ed)."""
+  real = mb.weight > 0  # padding is no block
+  codes = np.where(real, np.asarray(codes), status.OK)
+  if throw:
+    status.check(codes[real], [f"{part} row {r}" for r in mb.rows[real]], what="fit")
+  for r, code in zip(mb.rows[codes != status.OK], codes[codes != status.OK]):
+    failed[part, int(r)] = failed.get((part, int(r)), status.OK) | int(code)
+  return np.where(codes == status.OK, mb.weight, 0.0).astype(np.float32)
 
 
 def _predict(params, structure, layout, batch, traces, iterations, tau, straight_through):
@@ -142,24 +158,28 @@ def _mask_grad(grad: Params, trainable) -> Params:
 
 class Evaluator:
   """MAPE of a fixed set of minibatches: `soft` for the float table (before rounding),
-  `hard` for the rounded table in the hard simulator (what is exported)."""
+  `hard` for the rounded table in the hard simulator (what is exported). Blocks whose
+  hard run fails raise (`throw`) or are left out and recorded in `failed`
+  (`replayable`)."""
 
-  def __init__(self, table: Table, batches: list[Minibatch], window: int):
+  def __init__(self, table: Table, batches: list[Minibatch], window: int, *,
+               throw: bool = True, part: str = "validation"):
     self.table, self.batches, self.window = table, batches, window
+    self.throw, self.part, self.failed = throw, part, {}
 
   def __call__(self, params: Params, config: FitConfig) -> dict:
     layout, structure = self.table.layout, self.table.structure
     soft_err, hard_err, weight = 0.0, 0.0, 0.0
     for mb in self.batches:
-      _, _, traces = record_local(params, structure, mb, layout, self.window)
+      recorded = record_local(self.table, params, mb, self.window, config.max_cycles)
+      w = replayable(mb, recorded.status, self.throw, self.failed, self.part)
       # The float table as it is (before rounding), on the rounded table's schedule.
-      pred = np.asarray(soft_predictions(params, structure, layout, mb.batch, traces,
+      pred = np.asarray(soft_predictions(params, structure, layout, mb.batch, recorded.traces,
                                          mb.iterations, config.tau, config.straight_through))
-      hard = np.asarray(hard_steady(traces, mb.batch.length, mb.iterations))
-      w = float(mb.weight.sum())
-      soft_err += float(np.sum(np.abs(pred - mb.y) / mb.y * mb.weight))
-      hard_err += float(np.sum(np.abs(hard - mb.y) / mb.y * mb.weight))
-      weight += w
+      hard = np.asarray(hard_steady(recorded.traces, mb.batch.length, mb.iterations))
+      soft_err += float(np.sum(np.abs(pred - mb.y) / mb.y * w))
+      hard_err += float(np.sum(np.abs(hard - mb.y) / mb.y * w))
+      weight += float(w.sum())
     return dict(soft=soft_err / max(weight, 1), hard=hard_err / max(weight, 1))
 
 
@@ -172,6 +192,9 @@ class FitResult:
   history: list[dict]
   skipped: dict  # training-set position -> why the block was left out
   counts: np.ndarray  # [K] training instructions per opcode (`grow.usage`)
+  # ("training" | "validation", position) -> status code of a block whose hard run
+  # failed, so that it was left out of steps or scores (only with throw=False).
+  failed: dict = dataclasses.field(default_factory=dict)
 
 
 def _bar(items, desc: str, enabled: bool):
@@ -244,6 +267,7 @@ class EpochCheckpoints:
 
 
 def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
+        optimizer: optax.GradientTransformation | None = None, throw: bool = True,
         progress: bool = True, log=print) -> FitResult:
   """Fits `table` to the labelled datasets `train` (and `val`); resumable.
 
@@ -254,6 +278,12 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
       stopping, which is reported as such).
     out_dir: checkpoints go to out_dir/checkpoints, the history to history.json. A
       directory holding a checkpoint of the same fit is resumed from it.
+    optimizer: the optax transformation that turns gradients into steps (in cycles);
+      None: Adam with `config.lr` cosine-decayed to a tenth over the fit. Steps are
+      projected back to physical values (`project`) after each update.
+    throw: raise `status.SimulationError` naming the dataset rows whose hard run
+      failed (past `config.max_cycles`); otherwise leave them out of that step or
+      score and report them in `FitResult.failed`.
 
   Returns:
     FitResult with the best table by rounded validation error.
@@ -268,10 +298,12 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
     raise ValueError("no training block can be simulated with this table: "
                      + "; ".join(f"row {i}: {e}" for i, e in list(skipped.items())[:3]))
   val_b = minibatches(table, val.hex, val.y, config.batch_size)[0] if val is not None else []
-  evaluate = Evaluator(table, val_b or train_b, window)
+  evaluate = Evaluator(table, val_b or train_b, window, throw=throw,
+                       part="validation" if val_b else "training")
   init = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), table.params)
   steps = config.epochs * len(train_b)
-  opt = optax.adam(optax.cosine_decay_schedule(config.lr, steps, alpha=0.1))
+  opt = optimizer or optax.adam(optax.cosine_decay_schedule(config.lr, steps, alpha=0.1))
+  failed = evaluate.failed  # training rows join the evaluator's (one record)
   state = dict(params=init, opt=opt.init(init), best=init, epoch=jnp.int32(0),
                best_val=jnp.float32(np.inf), bad=jnp.int32(0))
   checkpoints = EpochCheckpoints(out, log)
@@ -298,16 +330,17 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
     bar = _bar(order, f"epoch {epoch + 1}/{config.epochs}", progress)
     for k in bar:
       mb = train_b[k]
-      _, _, traces = record_local(params, structure, mb, layout, window)
-      value, _, grad = loss_and_grad(params, structure, mb.batch, traces, mb.iterations, mb.y,
-                                     mb.weight, layout=layout, tau=config.tau,
+      recorded = record_local(table, params, mb, window, config.max_cycles)
+      weight = replayable(mb, recorded.status, throw, failed, "training")
+      value, _, grad = loss_and_grad(params, structure, mb.batch, recorded.traces, mb.iterations,
+                                     mb.y, weight, layout=layout, tau=config.tau,
                                      straight_through=config.straight_through, init=init,
                                      prior=config.prior / n_train, quantize=config.quantize)
       grad = _mask_grad(grad, config.trainable)
       updates, opt_state = opt.update(grad, opt_state, params)
       params = project(optax.apply_updates(params, updates), init, window)
       losses.append(float(value))
-      weights.append(float(mb.weight.sum()))
+      weights.append(float(weight.sum()))
       bar.set_postfix(mape=f"{float(value):.3f}")
     bar.close()
     scores = evaluate(params, config)
@@ -317,7 +350,8 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
                  best=params if better else state["best"], epoch=jnp.int32(epoch + 1),
                  best_val=jnp.float32(scores["hard"]) if better else state["best_val"],
                  bad=jnp.int32(0) if better else state["bad"] + 1)
-    train_loss = float(np.average(losses, weights=weights))
+    # (nan: every training block failed, throw=False)
+    train_loss = float(np.average(losses, weights=weights)) if sum(weights) else float("nan")
     history.append(dict(epoch=epoch + 1, train=train_loss, val_soft=scores["soft"],
                         val_hard=scores["hard"], seconds=time.time() - t0))
     checkpoints.save(epoch + 1, state, history)
@@ -328,4 +362,4 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
   from diffsim.fit.grow import usage
 
   return FitResult(params=state["best"], table=table, history=history, skipped=skipped,
-                   counts=usage(table, train_b))
+                   counts=usage(table, train_b), failed=failed)

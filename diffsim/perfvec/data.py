@@ -20,12 +20,12 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from diffsim.isa.encode import BUCKETS, encode, renaming_for
+from diffsim.isa.encode import BUCKETS
 from diffsim.isa.ir import Block
 from diffsim.params.sample import sample_params, table_at
 from diffsim.params.table import Params, Table, load_table
 from diffsim.sim import programs
-from diffsim.sim.api import block_error, simulate_sweep
+from diffsim.sim.api import block_error, encode, simulate_sweep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +116,7 @@ def sweep_labels(blocks: Sequence[Block], uarchs: Sequence[Uarch], cache_dir: Pa
   by_len: dict[int, list[int]] = {}
   for i, b in enumerate(blocks):
     by_len.setdefault(next(L for L in BUCKETS if len(b.instrs) <= L), []).append(i)
-  encoded = {L: encode([blocks[i] for i in ids], table.layout.index, length=L,
-                       renaming=renaming_for(table)) for L, ids in by_len.items()}
+  encoded = {L: encode(table, [blocks[i] for i in ids], length=L) for L, ids in by_len.items()}
   out = np.full((P, N), np.nan, np.float32)
   starts = range(0, P, chunk)
   bar = _bar(len(starts), f"labels {uarchs[0].base}", progress)
@@ -138,10 +137,12 @@ def sweep_labels(blocks: Sequence[Block], uarchs: Sequence[Uarch], cache_dir: Pa
     sub = jax.tree.map(lambda x, take=take: x[take], params)
     part = np.full((chunk, N), np.nan, np.float32)
     for L, ids in by_len.items():
-      c1, o1 = simulate_sweep(sub, table.structure, table.layout, encoded[L], iterations)
-      c2, o2 = simulate_sweep(sub, table.structure, table.layout, encoded[L], 2 * iterations)
+      c1, s1 = simulate_sweep(table, encoded[L], params=sub, iterations=iterations,
+                              throw=False)
+      c2, s2 = simulate_sweep(table, encoded[L], params=sub, iterations=2 * iterations,
+                              throw=False)
       steady = 100.0 * (c2 - c1) / iterations
-      part[:, ids] = np.where(o1 | o2, np.nan, steady)
+      part[:, ids] = np.where((s1 | s2) != 0, np.nan, steady)
     part = part[:min(chunk, P - s)]
     np.save(path, part)
     out[s:s + chunk] = part

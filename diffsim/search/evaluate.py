@@ -107,9 +107,9 @@ def enumerate_costs_stack(base, stacked, task: Task, *, cache: bool = True) -> l
   All blocks are encoded at one length (the task's longest bucket) so that a sweep
   compiles one program per task rather than one per bucket: compiling dominates.
   """
-  from diffsim.isa.encode import BUCKETS, encode, renaming_for
+  from diffsim.isa.encode import BUCKETS
   from diffsim.params.sample import table_at
-  from diffsim.sim import simulate_sweep
+  from diffsim.sim import encode, simulate_sweep, status
   from diffsim.sim.api import block_error
 
   P = int(np.shape(stacked.dispatch_width)[0])
@@ -130,21 +130,23 @@ def enumerate_costs_stack(base, stacked, task: Task, *, cache: bool = True) -> l
     else:
       run.append((i, b))
   cost = np.full((P, task.size), np.nan)
+  codes = np.zeros((P, task.size), np.int32)  # status of each run
   if run:
     L = next(x for x in BUCKETS if max(len(b.instrs) for _, b in run) <= x)
-    batch = encode([b for _, b in run], base.layout.index, length=L,
-                   renaming=renaming_for(base))
-    c1, o1 = simulate_sweep(stacked, base.structure, base.layout, batch, ITERATIONS)
-    c2, o2 = simulate_sweep(stacked, base.structure, base.layout, batch, 2 * ITERATIONS)
+    batch = encode(base, [b for _, b in run], length=L)
+    c1, s1 = simulate_sweep(base, batch, params=stacked, iterations=ITERATIONS, throw=False)
+    c2, s2 = simulate_sweep(base, batch, params=stacked, iterations=2 * ITERATIONS,
+                            throw=False)
     ops = np.array([task.useful_ops(task.configs[i]) for i, _ in run], np.float64)
     steady = (np.asarray(c2, np.float64) - np.asarray(c1, np.float64)) / ITERATIONS
-    cost[:, [i for i, _ in run]] = np.where(o1 | o2, np.nan, steady / ops)
+    codes[:, [i for i, _ in run]] = s1 | s2
+    cost[:, [i for i, _ in run]] = np.where((s1 | s2) != 0, np.nan, steady / ops)
   out = []
   for p in range(P):
     errs = list(errors)
     for i, _ in run:
-      if not np.isfinite(cost[p, i]):
-        errs[i] = "did not finish within the cycle budget"
+      if codes[p, i]:
+        errs[i] = status.message(codes[p, i])
     out.append(Costs(cost[p], tuple(errs)))
     if cache:
       _write(paths[p], tables[p], task, out[-1])

@@ -1,5 +1,12 @@
 """Public entry points: simulate encoded batches, or decoded blocks end to end.
 
+One convention for all of them: `(table, batch_or_blocks, *, iterations=..., ...)`,
+options keyword-only, the unit in the result's field names (`total`: llvm-mca's
+Total Cycles for `iterations` iterations; `per_100`: steady-state cycles per 100
+iterations), and a status code per block beside the cycles (`diffsim.sim.status`):
+with `throw=True` (the default) a block that failed raises, with `throw=False` its
+code comes back. `encode` turns decoded blocks into a batch for a table.
+
 `simulate` is the jit boundary: it is compiled once per (table layout, bucket
 shape) and vmapped over blocks; `simulate_sweep` adds a second vmap over a batch of
 parameter tables. Both shard the block axis over every local device with
@@ -14,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -22,12 +29,13 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from diffsim.isa.encode import (BUCKETS, BlockBatch, Encoding, assemble, bucket_length, encode,
+from diffsim.isa import encode as isa_encode
+from diffsim.isa.encode import (BUCKETS, BlockBatch, Encoding, assemble, bucket_length,
                                 encode_block, key_lookup, renaming_for, table_key)
 from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import Block
-from diffsim.params.table import Layout, Params, Structure, Table
-from diffsim.sim import programs, soft
+from diffsim.params.table import Params, Table
+from diffsim.sim import programs, soft, status
 from diffsim.sim.dispatch import group_for
 from diffsim.sim.facts import gather
 from diffsim.sim.issue import POS_BITS
@@ -36,6 +44,57 @@ from diffsim.sim.state import MAX_GROUP
 
 DEFAULT_MAX_CYCLES = 1 << 20
 MAX_WINDOW = 1 << POS_BITS
+# Soft mode replays every event of the run in sequence (3 per dynamic instruction), so
+# its cost grows with the iterations: 16 is enough for a steady state over the second
+# half of the run; the hard paths fast-forward, and take llvm-mca's 100.
+SOFT_ITERATIONS = 16
+
+
+class Cycles(NamedTuple):
+  """Hard-mode results per block (`simulate`, `simulate_sweep`)."""
+
+  total: np.ndarray  # [..., B] int32: Total Cycles for `iterations` iterations (llvm-mca's)
+  status: np.ndarray  # [..., B] int32: `diffsim.sim.status` codes (OK = 0)
+
+
+class SoftCycles(NamedTuple):
+  """Soft-mode results per block (`simulate_soft`), differentiable in the parameters."""
+
+  total: jax.Array  # [B] float: Total Cycles for `iterations` iterations
+  per_100: jax.Array  # [B] float: steady-state cycles per 100 iterations (second half)
+  status: jax.Array  # [B] int32: `diffsim.sim.status` codes of the hard runs replayed
+
+
+class Schedules(NamedTuple):
+  """Hard runs that keep their schedule (`record_schedules`)."""
+
+  total: jax.Array  # [B] int32: Total Cycles
+  status: jax.Array  # [B] int32: `diffsim.sim.status` codes
+  traces: jax.Array  # [B, T, C] int32: the first T dynamic instructions (`state.trace`)
+
+
+def encode(table: Table, blocks: Sequence[Block], *, length: int | None = None) -> BlockBatch:
+  """Decoded blocks as the simulator's input for `table`.
+
+  The table decides more than the opcode indices: its register files (renaming, move
+  elimination) and its memory model change the dependence edges, so a batch is only
+  right for the table it was encoded for (`diffsim.isa.encode.encode` with the
+  table's settings).
+
+  Args:
+    table: the CPU table.
+    blocks: decoded blocks (`diffsim.decode_blocks`, `diffsim.parse_asm`).
+    length: padded length L; default: the bucket of the longest block.
+
+  Returns:
+    A BlockBatch [B, L].
+
+  >>> from diffsim import load_table, parse_asm
+  >>> encode(load_table("znver3"), [parse_asm("addq %rbx, %rax")]).opcode.shape
+  (1, 8)
+  """
+  return isa_encode.encode(blocks, table.layout.index, length=length,
+                           renaming=renaming_for(table))
 
 
 def rob_entries(rob_size) -> int:
@@ -110,38 +169,49 @@ def _pad_batch(batch: BlockBatch, iterations, multiple: int):
   return jax.tree.map(pad, batch), pad(iterations)
 
 
-def simulate(table: Table, batch: BlockBatch, iterations: int | np.ndarray = 100, *,
+def simulate(table: Table, batch: BlockBatch, *, iterations: int | np.ndarray = 100,
              fast_forward: bool = True, max_cycles: int = DEFAULT_MAX_CYCLES,
-             slots: int | None = None, window: int | None = None):
+             slots: int | None = None, window: int | None = None,
+             throw: bool = True) -> Cycles:
   """Total Cycles of each block, llvm-mca's convention, in hard (exact) mode.
 
   Args:
-    table: the CPU table (`diffsim.params.load_table`).
-    batch: encoded blocks, [B, L] (`diffsim.isa.encode` with `table.layout.index`).
+    table: the CPU table (`diffsim.load_table`).
+    batch: encoded blocks, [B, L] (`encode`).
     iterations: scalar or [B] int: how often each block is repeated.
     fast_forward: jump over exactly repeating iterations (same result, faster).
-    max_cycles: static cycle budget; blocks that exceed it are flagged.
+    max_cycles: static cycle budget; blocks that exceed it get `status.CYCLE_BUDGET`.
     slots: blocks simulated side by side per device; finished slots take the next
       block, so a batch costs the sum of its blocks' cycles, not B x the slowest
       (default `pipeline.slots_for` the bucket length).
     window: ring slots for in-flight instructions (default `window_for` the ROB
       size). A wider ring gives the same cycles at a higher cost: it measures what
       the per-cycle passes over the window cost (`benchmarks/simulate_speed.py`).
+    throw: raise `status.SimulationError` when a block fails; otherwise return its code.
 
   Returns:
-    (cycles [B] int32, overflow [B] bool) as numpy arrays.
+    Cycles(total [B] int32, status [B] int32) as numpy arrays.
+
+  >>> from diffsim import load_table, parse_asm
+  >>> table = load_table("haswell")
+  >>> batch = encode(table, [parse_asm("addq %rbx, %rax; imulq %rax, %rax")])
+  >>> simulate(table, batch, iterations=100)
+  Cycles(total=array([403], dtype=int32), status=array([0], dtype=int32))
   """
-  return _finish(_run(_program(table, batch, iterations, fast_forward=fast_forward,
-                                max_cycles=max_cycles, slots=slots, window=window)))
+  out = Cycles(*_finish(_run(_program(table, batch, iterations, fast_forward=fast_forward,
+                                      max_cycles=max_cycles, slots=slots, window=window))))
+  if throw:
+    status.check(out.status, what="simulate")
+  return out
 
 
 def _run(program):
   """Launches a `_program` and returns at once: JAX runs it asynchronously, so the host
   can prepare the next batch meanwhile. `_finish` waits for the result: (cycles,
-  overflow, rows) as it takes them."""
+  status, rows) as it takes them."""
   args, static, rows = program
-  cycles, overflow = programs.call(_simulate, args, static)
-  return cycles, overflow, rows
+  cycles, codes = programs.call(_simulate, args, static)
+  return cycles, codes, rows
 
 
 def _program(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool = True,
@@ -180,14 +250,14 @@ def _deal(n: int, n_dev: int) -> np.ndarray:
 
 
 def _finish(launched):
-  """(cycles [B], overflow [B]) as numpy arrays, once the launched program is done."""
-  cycles, overflow, rows = launched
-  return np.asarray(cycles)[rows], np.asarray(overflow)[rows]
+  """(cycles [B], status [B]) as numpy arrays, once the launched program is done."""
+  cycles, codes, rows = launched
+  return np.asarray(cycles)[rows], np.asarray(codes)[rows]
 
 
 @functools.partial(jax.jit, static_argnames=("layout", "window", "max_cycles", "slots", "group"))
 def _sweep(params, structure, batch, iterations, *, layout, window, max_cycles, slots, group):
-  """Every (table, block) pair as one job of the queue: [P, B] cycles and overflow."""
+  """Every (table, block) pair as one job of the queue: [P, B] cycles and status."""
   P, B = params.dispatch_width.shape[0], iterations.shape[0]
   facts = jax.vmap(lambda p: jax.vmap(lambda b: gather(p, structure, layout, b))(batch))(params)
   limits = jax.vmap(integer_globals)(params)
@@ -196,23 +266,27 @@ def _sweep(params, structure, batch, iterations, *, layout, window, max_cycles, 
   # give each device whole tables, whose costs differ.
   deal = _deal(P * B, len(jax.local_devices()))
   flat = lambda x: x.reshape((P * B,) + x.shape[2:])[deal]  # noqa: E731
-  cycles, overflow = _sharded_queue(
+  cycles, codes = _sharded_queue(
       jax.tree.map(flat, facts), jax.tree.map(flat, limits), jnp.tile(iterations, P)[deal],
       jnp.asarray(layout.group_members, jnp.int32), window=window, max_cycles=max_cycles,
       fast_forward=True, slots=slots, group=group)
   back = np.argsort(deal)
-  return cycles[back].reshape(P, B), overflow[back].reshape(P, B)
+  return cycles[back].reshape(P, B), codes[back].reshape(P, B)
 
 
-def simulate_sweep(params: Params, structure: Structure, layout: Layout, batch: BlockBatch,
-                   iterations: int = 100, *, max_cycles: int = DEFAULT_MAX_CYCLES,
-                   slots: int | None = None):
+def simulate_sweep(table: Table, batch: BlockBatch, *, params: Params, iterations: int = 100,
+                   max_cycles: int = DEFAULT_MAX_CYCLES, slots: int | None = None,
+                   throw: bool = True) -> Cycles:
   """Total Cycles of every (parameter set, block) pair: [P, B].
 
-  `params` has a leading axis P over parameter sets (all with the table's layout);
-  each set is simulated against every block. The P x B pairs share one queue of
-  `slots` simulation slots per device, so the sweep costs the sum of the pairs'
-  cycles, as `simulate` does for blocks.
+  `params` has a leading axis P over parameter sets, all with `table`'s structure
+  and layout (`diffsim.params.sample.sample_params`); each set is simulated against
+  every block. The P x B pairs share one queue of `slots` simulation slots per
+  device, so the sweep costs the sum of the pairs' cycles, as `simulate` does for
+  blocks. Options as in `simulate`.
+
+  Returns:
+    Cycles(total [P, B] int32, status [P, B] int32) as numpy arrays.
   """
   B = batch.opcode.shape[0]
   n_dev = len(jax.local_devices())
@@ -221,19 +295,24 @@ def simulate_sweep(params: Params, structure: Structure, layout: Layout, batch: 
                             n_dev)
   window = window_for(params.rob_size)
   params = jax.tree.map(np.asarray, params)  # on the host, as in `simulate`
-  cycles, overflow = programs.call(
-      _sweep, (params, structure, batch_p, its),
-      dict(layout=layout, window=window, max_cycles=max_cycles, slots=slots,
+  cycles, codes = programs.call(
+      _sweep, (params, table.structure, batch_p, its),
+      dict(layout=table.layout, window=window, max_cycles=max_cycles, slots=slots,
            group=group_for(params.dispatch_width)))
-  return np.asarray(cycles)[:, :B], np.asarray(overflow)[:, :B]
+  out = Cycles(np.asarray(cycles)[:, :B], np.asarray(codes)[:, :B])
+  if throw:
+    status.check(out.status, what="simulate_sweep")
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-  """One block's result: cycles for 100 iterations, or why there is none."""
+  """One block's result: cycles for 100 iterations, or why there is none (`status`: the
+  simulator's code when it ran the block and it failed; `error` says it in words)."""
 
   cycles: float | None
   error: str | None = None
+  status: int = status.OK
 
 
 def cost_estimates(table: Table, blocks: Sequence[Block]) -> np.ndarray:
@@ -304,8 +383,8 @@ def job_size(length: int) -> int:
 
 
 def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterations: int = 100,
-                    throughput: str = "total", batch_size: int | None = None,
-                    progress: bool = False) -> list[Prediction]:
+                    throughput: str = "total", max_cycles: int = DEFAULT_MAX_CYCLES,
+                    batch_size: int | None = None, progress: bool = False) -> list[Prediction]:
   """Simulates decoded blocks; each result or error lands at its block's position.
 
   Args:
@@ -315,19 +394,26 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
     iterations: N.
     throughput: "total" (llvm-mca's Total Cycles for N iterations, scaled to 100) or
       "steady" (100 * (cycles(2N) - cycles(N)) / N: BHive's steady-state definition).
+    max_cycles: static cycle budget of each run, as in `simulate`.
     batch_size: blocks per compiled call (default `job_size` the bucket length).
 
   Returns:
-    One Prediction per input, in input order; cycles are per 100 iterations.
+    One Prediction per input, in input order; cycles are per 100 iterations. A block
+    that fails is an error in its row, never an exception: its Prediction has no
+    cycles, and `status` holds the simulator's code when the block ran.
+
+  >>> from diffsim import load_table, parse_asm
+  >>> simulate_blocks(load_table("haswell"), [parse_asm("imulq %rax, %rax")])
+  [Prediction(cycles=303.0, error=None, status=0)]
   """
   return simulate_chunks(table, [blocks], iterations=iterations, throughput=throughput,
-                         batch_size=batch_size, progress=progress)
+                         max_cycles=max_cycles, batch_size=batch_size, progress=progress)
 
 
 def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]], *,
                     iterations: int = 100, throughput: str = "total",
-                    batch_size: int | None = None, progress: bool = False,
-                    total: int | None = None) -> list[Prediction]:
+                    max_cycles: int = DEFAULT_MAX_CYCLES, batch_size: int | None = None,
+                    progress: bool = False, total: int | None = None) -> list[Prediction]:
   """`simulate_blocks` of the blocks of `chunks` in order, as they arrive (from a decoder
   that yields them chunk by chunk): a job starts as soon as its bucket holds a full
   job's blocks, so the devices simulate while later chunks are still being produced.
@@ -370,7 +456,7 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
         return None
       L, ids = jobs[k]
       return ids, _prepare_job(table, [encodings.pop(i) for i in ids], L, iterations,
-                               throughput)
+                               throughput, max_cycles)
 
     ahead = prepare(0)
     for k in range(len(jobs)):
@@ -440,7 +526,7 @@ def _encoded(table: Table, block: Block | Exception, supported, renaming, key_of
 
 
 def _prepare_job(table: Table, encodings: Sequence[Encoding], L: int, iterations: int,
-                 throughput: str):
+                 throughput: str, max_cycles: int):
   """One job's `_program`, its blocks padded to `L`; its program starts loading
   (`programs.prefetch`)."""
   batch = assemble(encodings, length=L)
@@ -453,7 +539,8 @@ def _prepare_job(table: Table, encodings: Sequence[Encoding], L: int, iterations
   size = _padded(len(its))
   batch = jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[:1], size - len(its), 0)]),
                        batch)
-  program = _program(table, batch, np.concatenate([its, np.zeros(size - len(its), int)]))
+  program = _program(table, batch, np.concatenate([its, np.zeros(size - len(its), int)]),
+                     max_cycles=max_cycles)
   programs.prefetch(_simulate, *program[:2])
   return program
 
@@ -471,17 +558,16 @@ def _collect(started, out, copies: dict, iterations: int, throughput: str, bar) 
   if started is None:
     return
   ids, launched = started
-  cyc, ovf = _finish(launched)
+  cyc, codes = _finish(launched)
   m = len(ids)
   if throughput == "total":
-    vals, ovf = cyc[:m] * (100.0 / iterations), ovf[:m]
+    vals, codes = cyc[:m] * (100.0 / iterations), codes[:m]
   else:
     vals = 100.0 * (cyc[m:2 * m] - cyc[:m]) / iterations
-    ovf = ovf[:m] | ovf[m:2 * m]
+    codes = codes[:m] | codes[m:2 * m]
   done = 0
-  for i, v, o in zip(ids, vals, ovf):
-    result = (Prediction(None, "did not finish within the cycle budget") if o
-              else Prediction(float(v)))
+  for i, v, code in zip(ids, vals, codes.tolist()):
+    result = (Prediction(None, status.message(code), code) if code else Prediction(float(v)))
     for j in (i, *copies.get(i, ())):
       out[j] = result
       done += 1
@@ -518,13 +604,14 @@ def timeline(table: Table, block: Block, iterations: int = 10):
     (total cycles, [iterations, len(block), 3] int array of the dispatch, issue and
     retire cycle of every dynamic instruction).
   """
-  batch = encode([block], table.layout.index, renaming=renaming_for(table))
+  batch = encode(table, [block])
   n = len(block.instrs)
-  cycles, _, trace = _timeline(table.params, table.structure, batch, jnp.int32(iterations),
+  cycles, code, trace = _timeline(table.params, table.structure, batch, jnp.int32(iterations),
                                layout=table.layout,
                                window=window_for(np.asarray(table.params.rob_size)),
                                trace=n * iterations,
                                group=group_for(table.params.dispatch_width))
+  status.check(np.asarray(code)[None], what="timeline")
   return int(cycles), np.asarray(trace)[:, :3].reshape(iterations, n, 3)
 
 
@@ -545,45 +632,87 @@ def _record(params, structure, batch, iterations, *, layout, window, dynamic, ma
   return sharded(params, batch, iterations)
 
 
-def record_schedules(params: Params, structure: Structure, layout: Layout, batch: BlockBatch,
-                     iterations, *, window: int, dynamic: int,
-                     max_cycles: int = DEFAULT_MAX_CYCLES):
-  """Hard runs that keep their schedule: (cycles [B], overflow [B], traces [B, T, C]).
+def record_schedules(table: Table, batch: BlockBatch, *, params: Params | None = None,
+                     iterations: int | np.ndarray = SOFT_ITERATIONS, dynamic: int | None = None,
+                     window: int | None = None,
+                     max_cycles: int = DEFAULT_MAX_CYCLES) -> Schedules:
+  """Hard runs that keep their schedule, for soft mode to replay.
 
-  The parameters are rounded as in `simulate`; the first `dynamic` (= T) dynamic
-  instructions of each block are traced (`state.trace`), which is what soft mode
-  replays. Blocks are sharded over the local devices (B must divide evenly).
+  Args:
+    table: the CPU table (its structure and layout; its parameters by default).
+    batch: encoded blocks [B, L] (`encode`).
+    params: the parameters to run, rounded as in `simulate` (default the table's);
+      tables of one layout and window share one compiled program.
+    iterations: scalar or [B] int.
+    dynamic: trace rows T, the first dynamic instructions of each block (default
+      L x the most iterations: every one); a block that runs more gets
+      `status.TRACE_LENGTH`, since its replay would be truncated.
+    window: ring slots (default `window_for` the table's ROB).
+    max_cycles: static cycle budget, as in `simulate`.
+
+  Returns:
+    Schedules(total [B], status [B], traces [B, T, C]). No exception: the caller
+    decides what a failed block means (`simulate_soft` and `fit` raise by default).
   """
+  params = table.params if params is None else params
+  B, L = batch.opcode.shape
+  its = np.broadcast_to(np.asarray(iterations, np.int32), (B,))
+  dynamic = L * int(its.max(initial=1)) if dynamic is None else dynamic
+  window = window_for(np.asarray(table.params.rob_size)) if window is None else window
+  # Blocks are sharded over the local devices: B padded to their count.
+  batch_p, its_p = _pad_batch(jax.tree.map(np.asarray, batch), its, len(jax.local_devices()))
   params = jax.device_put(lax.stop_gradient(params), NamedSharding(_mesh(), PartitionSpec()))
-  return _record(params, structure, batch, iterations, layout=layout, window=window,
-                 dynamic=dynamic, max_cycles=max_cycles)
+  out = _record(params, table.structure, batch_p, its_p, layout=table.layout, window=window,
+                dynamic=dynamic, max_cycles=max_cycles)
+  return Schedules(*(x[:B] for x in out))
 
 
-def simulate_soft(table: Table, batch: BlockBatch, params: Params | None = None, *,
-                  iterations: int = 16, tau: float = 0.5, straight_through: bool = False):
-  """Differentiable throughputs: (Total Cycles [B], steady cycles per 100 iterations [B]).
+def simulate_soft(table: Table, batch: BlockBatch, *, params: Params | None = None,
+                  iterations: int = SOFT_ITERATIONS, tau: float = 0.5,
+                  straight_through: bool = False, max_cycles: int = DEFAULT_MAX_CYCLES,
+                  throw: bool = True) -> SoftCycles:
+  """Differentiable throughputs: the hard simulator's schedule replayed with float
+  parameters.
 
   The hard simulator runs the blocks with `params` rounded (default the table's) and
   keeps each schedule; soft mode (`diffsim.sim.soft`) replays it with `params` as
-  floats, so the result is differentiable in `params`:
+  floats, so the result is differentiable in `params`. At tau = 0 both `total` and
+  `per_100` equal the hard simulator's.
 
-  >>> grad = jax.grad(lambda p: simulate_soft(table, batch, p)[1].mean())(table.params)
+  Args:
+    table: the CPU table.
+    batch: encoded blocks [B, L] (`encode`).
+    params: the parameters to differentiate (default the table's).
+    iterations: iterations simulated (default 16, not 100: the replay visits every
+      event in sequence, so its cost grows with them); `per_100` is measured over
+      the second half.
+    tau: temperature of the relaxed max, in cycles (0: exact).
+    straight_through: exact max forward, tempered gradient backward.
+    max_cycles: static cycle budget of the hard runs, as in `simulate`.
+    throw: raise `status.SimulationError` when a hard run failed (its schedule would
+      be replayed truncated or meaningless); otherwise return the codes.
 
-  `steady` is measured over the second half of the `iterations` simulated; at
-  tau = 0 both results equal the hard simulator's.
+  Returns:
+    SoftCycles(total [B], per_100 [B], status [B]).
+
+  >>> import jax
+  >>> from diffsim import load_table, parse_asm
+  >>> table = load_table("haswell")
+  >>> batch = encode(table, [parse_asm("addq %rbx, %rax; imulq %rax, %rax")])
+  >>> per_100 = lambda p: simulate_soft(table, batch, params=p, tau=0.0).per_100.sum()
+  >>> grad = jax.grad(per_100)(table.params)
+  >>> float(grad.latency[table.layout.index["IMUL64rr"], 0])
+  100.0
   """
   params = jax.tree.map(jnp.asarray, table.params if params is None else params)
-  B, L = batch.opcode.shape
-  n_dev = len(jax.local_devices())
-  batch_p, its = _pad_batch(jax.tree.map(np.asarray, batch), np.full(B, iterations, np.int32),
-                            n_dev)
-  _, _, traces = record_schedules(params, table.structure, table.layout, batch_p, its,
-                                  window=window_for(np.asarray(table.params.rob_size)),
-                                  dynamic=L * iterations)
-  traces = jax.device_put(traces, jax.local_devices()[0])[:B]
-  batch = jax.tree.map(lambda x: x[:B], batch_p)
+  recorded = record_schedules(table, batch, params=params, iterations=iterations,
+                              max_cycles=max_cycles)
+  if throw:
+    status.check(recorded.status, what="simulate_soft")
+  traces = jax.device_put(recorded.traces, jax.local_devices()[0])
 
   def one(block, trace):
     return soft.block_throughputs(params, table.structure, table.layout, block, trace,
                                   iterations, tau, straight_through)[:2]
-  return jax.vmap(one)(batch, traces)
+  total, per_100 = jax.vmap(one)(batch, traces)
+  return SoftCycles(total, per_100, recorded.status)

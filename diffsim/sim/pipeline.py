@@ -16,7 +16,7 @@ from jax import lax
 
 from diffsim.sim import dispatch as dispatch_stage
 from diffsim.sim import issue as issue_stage
-from diffsim.sim import period
+from diffsim.sim import period, status
 from diffsim.sim import retire as retire_stage
 from diffsim.sim.facts import BIG, Facts
 from diffsim.sim.state import MAX_GROUP, State, inflight, init
@@ -100,13 +100,23 @@ def running(state: State, max_cycles: int):
   return (state.head < state.total) & (state.t < max_cycles)
 
 
+def finished(state: State, rob_size, window: int) -> jax.Array:
+  """[] int32 status code of a stopped run: CYCLE_BUDGET when instructions were left,
+  WINDOW when the ROB (`rob_size`, rounded) holds more than the window's slots."""
+  code = jnp.where(state.head < state.total, status.CYCLE_BUDGET, status.OK)
+  return (code | jnp.where(rob_size > window, status.WINDOW, status.OK)).astype(jnp.int32)
+
+
 def run_block(facts: Facts, params, members, iterations, *, window: int, max_cycles: int,
               fast_forward: bool = True, trace: int = 0, group: int = MAX_GROUP):
   """Total cycles for `iterations` iterations of one block (llvm-mca's Total Cycles).
 
   Returns:
-    (cycles [] int32, overflow [] bool): overflow is set when the block did not
-    finish within `max_cycles` cycles; the cycle count is then meaningless.
+    (cycles [] int32, status [] int32), and with `trace` the [trace, columns] trace:
+    status (`diffsim.sim.status`) is CYCLE_BUDGET when the block did not finish within
+    `max_cycles` cycles (the cycle count is then meaningless), WINDOW when the ROB
+    outgrew `window`, and TRACE_LENGTH when it ran more dynamic instructions than the
+    trace's rows.
   """
   g = integer_globals(params)
   U = facts.unit_cycles.shape[-1]
@@ -117,10 +127,11 @@ def run_block(facts: Facts, params, members, iterations, *, window: int, max_cyc
   state, _ = lax.while_loop(
       lambda c: running(c[0], max_cycles),
       lambda c: advance(*c, facts, members, g, fast_forward), (state, period.init_memory()))
-  overflow = state.head < state.total
+  code = finished(state, g["rob_size"], window)
   if trace:
-    return state.last_retire + 1, overflow, state.trace
-  return state.last_retire + 1, overflow
+    code |= jnp.where(state.total > trace, status.TRACE_LENGTH, status.OK).astype(jnp.int32)
+    return state.last_retire + 1, code, state.trace
+  return state.last_retire + 1, code
 
 
 OBSERVED = 16  # slots fingerprinted per step at most (of the 64 default)
@@ -195,7 +206,7 @@ def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots:
     group: instructions per dispatch pass (`dispatch.group_for` the tables).
 
   Returns:
-    (cycles [N] int32, overflow [N] bool).
+    (cycles [N] int32, status [N] int32), as `run_block`'s.
   """
   N = iterations.shape[0]
   S = min(slots_for(all_facts.uops.shape[-1]) if slots is None else slots, N)
@@ -226,10 +237,10 @@ def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots:
   slot_block = jnp.arange(S, dtype=jnp.int32)
   facts, state, memory = jax.vmap(start)(slot_block)
   cycles = jnp.zeros(N, jnp.int32)
-  overflow = jnp.zeros(N, bool)
+  codes = jnp.zeros(N, jnp.int32)
 
   def outer(carry):
-    facts, state, memory, slot_block, next_block, cycles, overflow = carry
+    facts, state, memory, slot_block, next_block, cycles, codes = carry
 
     def inner(_, sm):
       return cycles_of(facts, *sm)
@@ -239,7 +250,8 @@ def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots:
     done = active & ~jax.vmap(lambda s: running(s, max_cycles))(state)
     target = jnp.where(done, slot_block, N)
     cycles = cycles.at[target].set(state.last_retire + 1, mode="drop")
-    overflow = overflow.at[target].set(state.head < state.total, mode="drop")
+    code = jax.vmap(lambda s, r: finished(s, r, window))(state, facts[1]["rob_size"])
+    codes = codes.at[target].set(code, mode="drop")
     # Finished slots take the next blocks in order.
     new_block = next_block + jnp.cumsum(done.astype(jnp.int32)) - 1
     next_block = next_block + jnp.sum(done).astype(jnp.int32)
@@ -248,11 +260,11 @@ def run_queue(all_facts: Facts, all_limits: dict, members, iterations, *, slots:
     pick = lambda new, old: jax.tree.map(  # noqa: E731
         lambda x, y: jnp.where(done.reshape((-1,) + (1,) * (x.ndim - 1)), x, y), new, old)
     return (pick(f2, facts), pick(s2, state), pick(m2, memory), slot_block, next_block,
-            cycles, overflow)
+            cycles, codes)
 
   def more(carry):
     return jnp.any(carry[3] < N)
 
-  carry = (facts, state, memory, slot_block, jnp.int32(S), cycles, overflow)
+  carry = (facts, state, memory, slot_block, jnp.int32(S), cycles, codes)
   carry = lax.while_loop(more, outer, carry)
   return carry[5], carry[6]

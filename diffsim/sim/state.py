@@ -65,7 +65,6 @@ class State:
   flags: jax.Array  # [W] int32: MEM_* bits of the instruction
   rob_cost: jax.Array  # [W] int32: ROB entries it holds
   prf_cost: jax.Array  # [W, F] int32: physical registers it holds
-  overflow: jax.Array  # [] bool: ran past the cycle budget (result invalid)
   issued: jax.Array  # [] int32: instructions issued so far (to detect idle cycles)
   why: jax.Array  # [] int32: WIDTH/ROB/OTHER: why the next instruction did not dispatch
   last_user: jax.Array  # [U] int32: dynamic index of each unit's latest user (-1 none)
@@ -99,7 +98,7 @@ def init(total, num_units: int, group_members, num_resources: int, num_files: in
       flags=jnp.zeros(window, jnp.int32),
       rob_cost=jnp.zeros(window, jnp.int32),
       prf_cost=jnp.zeros((window, num_files), jnp.int32),
-      overflow=jnp.zeros((), bool), issued=z, why=z,
+      issued=z, why=z,
       last_user=jnp.full(num_units, -1, jnp.int32), last_col=jnp.zeros(num_units, jnp.int32),
       trace=jnp.full((trace, trace_columns(uses)), -1, jnp.int32),
       more=jnp.zeros((), bool), tried=jnp.zeros(window, bool), mark_head=z, mark_issued=z,

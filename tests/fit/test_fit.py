@@ -117,16 +117,23 @@ def test_a_killed_fit_resumes_with_nothing_lost(short_blocks, tmp_path):
   assert [h["val_hard"] for h in ha] == [h["val_hard"] for h in hb]
 
 
-def test_tables_without_register_files_checkpoint_and_resume(tmp_path):
-  """haswell has no register files (zero-size arrays in the table): a fit still
-  checkpoints, and calling fit again on the same directory resumes at the end."""
-  from diffsim.data import load_csv, shipped, split
-  from diffsim.fit import FitConfig, fit
+def _short_haswell_split():
+  """haswell, and 60 short mca-small blocks split 70/30 into training and validation:
+  small fits that share their compiled programs."""
+  from diffsim.data import load_csv, split
 
   ds = load_csv(shipped("mca-small.csv"))
   ds = ds.take([i for i, h in enumerate(ds.hex) if len(h) <= 16][:60])  # short blocks
   train, val, _ = split(ds, seed=0, fractions=(0.7, 0.3, 0.0))
-  table = load_table("haswell")
+  return load_table("haswell"), train, val
+
+
+def test_tables_without_register_files_checkpoint_and_resume(tmp_path):
+  """haswell has no register files (zero-size arrays in the table): a fit still
+  checkpoints, and calling fit again on the same directory resumes at the end."""
+  from diffsim.fit import FitConfig, fit
+
+  table, train, val = _short_haswell_split()
   assert np.asarray(table.params.prf_size).size == 0
   config = FitConfig(epochs=1, batch_size=16)
   first = fit(table, train, val, tmp_path, config, progress=False)
@@ -134,3 +141,47 @@ def test_tables_without_register_files_checkpoint_and_resume(tmp_path):
   np.testing.assert_array_equal(np.asarray(first.params.latency),
                                 np.asarray(again.params.latency))
   assert again.history == first.history
+
+
+def test_fit_takes_an_optax_optimizer(tmp_path):
+  """A step of size zero leaves every soft parameter where it was (the default, Adam,
+  moves them: the soft validation error changes)."""
+  import jax
+  import optax
+
+  from diffsim.fit import FitConfig, fit
+  from diffsim.fit.learn import project
+  from diffsim.sim.api import window_for
+
+  table, train, val = _short_haswell_split()
+  config = FitConfig(epochs=1, batch_size=16)
+  quiet = dict(progress=False, log=lambda *_: None)
+  still = fit(table, train, val, tmp_path / "sgd", config, optimizer=optax.sgd(0.0), **quiet)
+  moved = fit(table, train, val, tmp_path / "adam", config, **quiet)
+  # (`project` puts every table into physical values, a zero step included)
+  start = project(jax.tree.map(np.asarray, table.params), table.params,
+                  window_for(table.params.rob_size))
+  for name in ("uops", "latency", "read_advance", "res_cycles"):
+    np.testing.assert_array_equal(np.asarray(getattr(still.params, name)),
+                                  np.asarray(getattr(start, name)), err_msg=name)
+  # The soft validation error is that of the table as it stands after the epoch (the
+  # best table, `params`, may still be the start).
+  assert still.history[-1]["val_soft"] == still.history[0]["val_soft"]
+  assert moved.history[-1]["val_soft"] != moved.history[0]["val_soft"]
+
+
+def test_fit_raises_on_a_failed_hard_run_or_leaves_the_block_out(tmp_path):
+  """Past the cycle budget (8 cycles: no block finishes), `fit` names the blocks' rows,
+  or with throw=False scores without them and reports them."""
+  from diffsim.fit import FitConfig, fit
+  from diffsim.sim import SimulationError, status
+
+  table, train, val = _short_haswell_split()
+  config = FitConfig(epochs=1, batch_size=16, max_cycles=8)
+  quiet = dict(progress=False, log=lambda *_: None)
+  with pytest.raises(SimulationError, match=r"fit: (.|\n)*validation row \d+: did not finish"):
+    fit(table, train, val, tmp_path / "throw", config, **quiet)
+  result = fit(table, train, val, tmp_path / "kept", config, throw=False, **quiet)
+  assert {part for part, _ in result.failed} == {"training", "validation"}
+  assert set(result.failed.values()) == {status.CYCLE_BUDGET}
+  assert sum(part == "training" for part, _ in result.failed) == len(train) - len(result.skipped)

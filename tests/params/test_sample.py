@@ -8,11 +8,9 @@ import pytest
 
 from diffsim.data import load_csv, shipped
 from diffsim.isa import decode_blocks
-from diffsim.isa.encode import encode
 from diffsim.params.sample import sample_params, table_at
 from diffsim.params.table import load_table
-from diffsim.sim import simulate, simulate_sweep
-from diffsim.sim.api import renaming_for
+from diffsim.sim import encode, simulate, simulate_sweep
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +51,14 @@ def test_sweep_equals_each_sampled_table_run_alone(haswell):
   ds = load_csv(shipped("mca-small.csv"))
   blocks = [b for b in decode_blocks(list(ds.hex)[:40])
             if not isinstance(b, Exception) and len(b.instrs) <= 8][:8]
-  batch = encode(blocks, haswell.layout.index, length=8, renaming=renaming_for(haswell))
+  batch = encode(haswell, blocks, length=8)
   p = sample_params(haswell, 3, seed=1)
-  sweep, overflow = simulate_sweep(p, haswell.structure, haswell.layout, batch, 20)
-  assert not overflow.any()
+  sweep, codes = simulate_sweep(haswell, batch, params=p, iterations=20)
+  assert not codes.any()
   for i in range(3):
-    alone, _ = simulate(table_at(haswell, p, i), batch, 20)
+    alone, _ = simulate(table_at(haswell, p, i), batch, iterations=20)
     np.testing.assert_array_equal(sweep[i], alone)
-  base, _ = simulate(haswell, batch, 20)
+  base, _ = simulate(haswell, batch, iterations=20)
   assert not all(np.array_equal(sweep[i], base) for i in range(3))
 
 

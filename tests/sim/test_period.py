@@ -7,10 +7,9 @@ import pytest
 from jax import lax
 
 from diffsim.isa import decode_blocks
-from diffsim.isa.encode import encode, renaming_for
 from diffsim.mca import run_mca
 from diffsim.params.table import load_table
-from diffsim.sim import period, pipeline, simulate
+from diffsim.sim import encode, period, pipeline, simulate
 from diffsim.sim.api import window_for
 from diffsim.sim.facts import BIG, gather
 from diffsim.sim.state import init
@@ -31,7 +30,7 @@ def haswell():
 
 def _setup(table, hex_):
   block = decode_blocks([hex_])[0]
-  batch = encode([block], table.layout.index, renaming=renaming_for(table))
+  batch = encode(table, [block])
   facts = gather(table.params, table.structure, table.layout,
                  jax.tree.map(lambda x: jnp.asarray(x[0]), batch))
   return block, batch, facts
@@ -61,8 +60,8 @@ def test_block_jumps_once_the_long_executed_look_alike_and_stays_exact(haswell):
   state, memory = _until_jump(haswell, facts, 100)
   assert bool(memory.jumped)
   assert int(state.next) > 80 * int(facts.n)  # most iterations were jumped over
-  fast, _ = simulate(haswell, batch, 100)
-  slow, _ = simulate(haswell, batch, 100, fast_forward=False)
+  fast, _ = simulate(haswell, batch, iterations=100)
+  slow, _ = simulate(haswell, batch, iterations=100, fast_forward=False)
   assert fast[0] == slow[0] == run_mca([block.text], "haswell")[0].cycles
 
 
@@ -105,6 +104,6 @@ def test_period_longer_than_the_recent_fingerprints_is_found_through_the_anchor(
   assert bool(memory.jumped)
   assert int(memory.count) > period.SLOTS  # found beyond the ring, so by the anchor
   assert int(state.next) > 80 * int(facts.n)
-  fast, _ = simulate(haswell, batch, 100)
-  slow, _ = simulate(haswell, batch, 100, fast_forward=False)
+  fast, _ = simulate(haswell, batch, iterations=100)
+  slow, _ = simulate(haswell, batch, iterations=100, fast_forward=False)
   assert fast[0] == slow[0] == run_mca([block.text], "haswell")[0].cycles

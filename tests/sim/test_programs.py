@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from diffsim.isa import parse_asm
-from diffsim.isa.encode import encode
 from diffsim.params.table import load_table
-from diffsim.sim import programs, simulate
+from diffsim.sim import encode, programs, simulate
 from diffsim.sim.api import _program, _simulate
 
 BLOCKS = ["addl %ecx, %eax; imull %eax, %eax", "movq (%rdi), %rax; addq %rax, %rbx",
@@ -29,17 +28,17 @@ def kept(tmp_path):
 
 def test_a_kept_program_is_loaded_and_gives_the_same_cycles(kept, monkeypatch):
   table = load_table("haswell")
-  batch = encode([parse_asm(b) for b in BLOCKS], table.layout.index, length=8)
+  batch = encode(table, [parse_asm(b) for b in BLOCKS], length=8)
   its = np.array([20, 50, 100])
-  cycles, overflow = simulate(table, batch, its)
+  cycles, codes = simulate(table, batch, iterations=its)
   files = list(kept.glob("*.xla"))
-  assert len(files) == 1 and not overflow.any()
+  assert len(files) == 1 and not codes.any()
   # The same cycles as the program compiled in this process, without a directory (and
   # not written to JAX's persistent cache, where it would stop later runs of this test
   # from keeping their program: see the next test).
   programs.keep_programs(None)
   with programs.persistent_cache_threshold(float("inf")):
-    np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
+    np.testing.assert_array_equal(simulate(table, batch, iterations=its)[0], cycles)
   programs.keep_programs(kept)
 
   # A new process: nothing in memory, so the file is read and nothing is compiled.
@@ -49,24 +48,24 @@ def test_a_kept_program_is_loaded_and_gives_the_same_cycles(kept, monkeypatch):
     raise AssertionError("compiled again instead of loading the kept program")
 
   monkeypatch.setattr(programs, "_compile", no_compiling)
-  np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
+  np.testing.assert_array_equal(simulate(table, batch, iterations=its)[0], cycles)
   monkeypatch.undo()
 
   # A damaged file is compiled again and replaced.
   files[0].write_bytes(b"not a program")
   programs._loaded.clear()
-  np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
+  np.testing.assert_array_equal(simulate(table, batch, iterations=its)[0], cycles)
   assert files[0].read_bytes() != b"not a program"
 
 
 def test_a_prefetched_program_is_loaded_in_the_background_and_then_run(kept, monkeypatch):
   table = load_table("haswell")
-  batch = encode([parse_asm(b) for b in BLOCKS], table.layout.index, length=8)
+  batch = encode(table, [parse_asm(b) for b in BLOCKS], length=8)
   its = np.array([20, 50, 100])
   args, static, _ = _program(table, batch, its)
   programs.prefetch(_simulate, args, static)
   assert not programs._loaded  # not kept yet: compiling stays with the caller
-  cycles = simulate(table, batch, its)[0]
+  cycles = simulate(table, batch, iterations=its)[0]
 
   programs._loaded.clear()  # a new process
   programs.prefetch(_simulate, args, static)
@@ -77,7 +76,7 @@ def test_a_prefetched_program_is_loaded_in_the_background_and_then_run(kept, mon
     raise AssertionError("loaded again instead of taking the prefetched program")
 
   monkeypatch.setattr(programs, "_load_or_compile", not_here)
-  np.testing.assert_array_equal(simulate(table, batch, its)[0], cycles)
+  np.testing.assert_array_equal(simulate(table, batch, iterations=its)[0], cycles)
 
 
 def test_a_program_from_the_persistent_cache_is_run_but_not_kept(kept):
@@ -89,19 +88,19 @@ def test_a_program_from_the_persistent_cache_is_run_but_not_kept(kept):
     pytest.skip("no persistent compile cache in this session (DIFFSIM_CACHE_DIR=off)")
   table = load_table("haswell")
   # 12 blocks: a shape of its own (the command's jobs are powers of two from 8).
-  batch = encode([parse_asm(b) for b in BLOCKS * 4], table.layout.index, length=8)
+  batch = encode(table, [parse_asm(b) for b in BLOCKS * 4], length=8)
   programs.keep_programs(None)
   with programs.persistent_cache_threshold(0.0):
-    direct = simulate(table, batch, 30)[0]  # compiled, and written to the cache
+    direct = simulate(table, batch, iterations=30)[0]  # compiled, and written to the cache
   programs.keep_programs(kept)
-  np.testing.assert_array_equal(simulate(table, batch, 30)[0], direct)
+  np.testing.assert_array_equal(simulate(table, batch, iterations=30)[0], direct)
   assert not list(kept.glob("*.xla"))
 
 
 def test_the_key_covers_shapes_static_arguments_and_code():
   table = load_table("haswell")
-  batch8 = encode([parse_asm(b) for b in BLOCKS], table.layout.index, length=8)
-  batch16 = encode([parse_asm(b) for b in BLOCKS], table.layout.index, length=16)
+  batch8 = encode(table, [parse_asm(b) for b in BLOCKS], length=8)
+  batch16 = encode(table, [parse_asm(b) for b in BLOCKS], length=16)
   other = load_table("skylake")
   import jax
 

@@ -8,6 +8,7 @@ from diffsim.isa import parse_asm
 from diffsim.isa.encode import ALWAYS, _ranged_edges, _rename_history, encode, renaming_for
 from diffsim.mca import timeline as mca_timeline
 from diffsim.params.table import WRITE_ROLES, load_table
+from diffsim.sim import encode as sim_encode
 from diffsim.sim.api import timeline
 
 # Each one checked cycle by cycle against llvm-mca 14 (dispatch, issue, retire).
@@ -66,7 +67,7 @@ def test_timelines_match_llvm_mca(cpu):
 
 def test_eliminated_moves_and_partial_writes_encode(znver3):
   block = parse_asm("imull %eax, %eax; movb $1, %al; movl %ecx, %ebx; addl %ebx, %edx")
-  batch = encode([block], znver3.layout.index, renaming=renaming_for(znver3))
+  batch = sim_encode(znver3, [block])  # the table's register files
   assert batch.eliminated[0, :4].tolist() == [False, False, True, False]
   # movb's edge to imul is a write-after-write edge of its op0 write.
   assert batch.dep_waw[0, 1, 0] == WRITE_ROLES.index("op0") and batch.dep_src[0, 1, 0] == 0
@@ -76,7 +77,7 @@ def test_eliminated_moves_and_partial_writes_encode(znver3):
   assert not batch.dep_valid[0, 3, 0] or batch.dep_src[0, 3, 0] != 2
   # The partial write and the eliminated move take no physical register.
   assert not batch.write_alloc[0, 1, 0] and not batch.write_alloc[0, 2, 0]
-  # Without register files (Haswell) nothing changes.
+  # Without register files nothing changes.
   plain = encode([block], znver3.layout.index)
   assert not plain.eliminated.any() and (plain.dep_waw == -1).all()
 

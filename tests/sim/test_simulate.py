@@ -12,11 +12,19 @@ import pytest
 
 from diffsim.data import shipped
 from diffsim.isa import decode_blocks, parse_asm
-from diffsim.isa.encode import encode
 from diffsim.mca import run_mca
 from diffsim.mca import timeline as mca_timeline
 from diffsim.params.table import load_table
-from diffsim.sim import simulate, simulate_blocks, simulate_chunks, simulate_sweep
+from diffsim.sim import (
+  Prediction,
+  SimulationError,
+  encode,
+  simulate,
+  simulate_blocks,
+  simulate_chunks,
+  simulate_sweep,
+  status,
+)
 from diffsim.sim.api import timeline
 
 SMALL = ["addl %ecx, %eax; imull %eax, %eax", "vdivsd %xmm1, %xmm2, %xmm3",
@@ -115,15 +123,15 @@ def test_implied_units_match_llvm_mca():
 
 def test_padding_batching_and_fast_forward_are_invisible(haswell):
   blocks = [parse_asm(a) for a in SMALL]
-  base, _ = simulate(haswell, encode(blocks, haswell.layout.index, length=8), 37)
-  padded, _ = simulate(haswell, encode(blocks, haswell.layout.index, length=16), 37)
+  base, _ = simulate(haswell, encode(haswell, blocks, length=8), iterations=37)
+  padded, _ = simulate(haswell, encode(haswell, blocks, length=16), iterations=37)
   # Each block in a batch of its own copies (the same shape: no new compilation).
-  alone = [simulate(haswell, encode([b] * len(blocks), haswell.layout.index, length=8), 37)[0][0]
+  alone = [simulate(haswell, encode(haswell, [b] * len(blocks), length=8), iterations=37)[0][0]
            for b in blocks]
-  slow, _ = simulate(haswell, encode(blocks, haswell.layout.index, length=8), 37,
+  slow, _ = simulate(haswell, encode(haswell, blocks, length=8), iterations=37,
                      fast_forward=False)
   # Fewer slots than blocks (as long buckets get, `slots_for`): slots take turns.
-  queued, _ = simulate(haswell, encode(blocks, haswell.layout.index, length=8), 37, slots=2)
+  queued, _ = simulate(haswell, encode(haswell, blocks, length=8), iterations=37, slots=2)
   np.testing.assert_array_equal(base, queued)
   np.testing.assert_array_equal(base, padded)
   np.testing.assert_array_equal(base, alone)
@@ -132,32 +140,32 @@ def test_padding_batching_and_fast_forward_are_invisible(haswell):
 
 @pytest.mark.slow  # one more compilation; benchmarks/simulate_speed.py checks it too
 def test_a_wider_window_gives_the_same_cycles(haswell):
-  batch = encode([parse_asm(a) for a in SMALL], haswell.layout.index, length=8)
-  np.testing.assert_array_equal(simulate(haswell, batch, 37)[0],
-                                simulate(haswell, batch, 37, window=448)[0])
+  batch = encode(haswell, [parse_asm(a) for a in SMALL], length=8)
+  np.testing.assert_array_equal(simulate(haswell, batch, iterations=37)[0],
+                                simulate(haswell, batch, iterations=37, window=448)[0])
 
 
 def test_a_window_smaller_than_the_rob_is_refused(haswell):
-  batch = encode([parse_asm(a) for a in SMALL], haswell.layout.index, length=8)
+  batch = encode(haswell, [parse_asm(a) for a in SMALL], length=8)
   with pytest.raises(ValueError, match="smaller than the ROB"):
-    simulate(haswell, batch, 37, window=64)
+    simulate(haswell, batch, iterations=37, window=64)
 
 
 def test_a_window_beyond_the_priority_keys_is_refused(haswell):
   # Issue priority keys hold a slot's distance from the ROB head in POS_BITS bits.
   from diffsim.sim.api import MAX_WINDOW, window_for
 
-  batch = encode([parse_asm(a) for a in SMALL], haswell.layout.index, length=8)
+  batch = encode(haswell, [parse_asm(a) for a in SMALL], length=8)
   with pytest.raises(ValueError, match="exceeds the simulator's 1024"):
-    simulate(haswell, batch, 37, window=MAX_WINDOW + 32)
+    simulate(haswell, batch, iterations=37, window=MAX_WINDOW + 32)
   assert window_for(MAX_WINDOW) == MAX_WINDOW
   with pytest.raises(ValueError, match="ROB size is too large"):
     window_for(MAX_WINDOW + 1)
 
 
 def test_second_call_does_not_recompile(haswell):
-  batch = encode([parse_asm(a) for a in SMALL], haswell.layout.index, length=8)
-  simulate(haswell, batch, 10)
+  batch = encode(haswell, [parse_asm(a) for a in SMALL], length=8)
+  simulate(haswell, batch, iterations=10)
   from diffsim.sim import programs
   from diffsim.sim.api import _simulate
 
@@ -165,21 +173,21 @@ def test_second_call_does_not_recompile(haswell):
     return _simulate._cache_size(), len(programs._loaded)
 
   before = compiled()
-  simulate(haswell, batch, 20)
+  simulate(haswell, batch, iterations=20)
   assert compiled() == before
 
 
 def test_sweep_equals_one_table_at_a_time(haswell):
-  batch = encode([parse_asm(a) for a in SMALL], haswell.layout.index, length=8)
+  batch = encode(haswell, [parse_asm(a) for a in SMALL], length=8)
   narrow = haswell.params.replace(dispatch_width=np.float32(2))
   stacked = jax.tree.map(lambda a, b: np.stack([a, b]), haswell.params, narrow)
-  both, overflow = simulate_sweep(stacked, haswell.structure, haswell.layout, batch, 50)
-  assert both.shape == (2, len(SMALL)) and not overflow.any()
+  both, codes = simulate_sweep(haswell, batch, params=stacked, iterations=50)
+  assert both.shape == codes.shape == (2, len(SMALL)) and not codes.any()
   import dataclasses
 
-  np.testing.assert_array_equal(both[0], simulate(haswell, batch, 50)[0])
+  np.testing.assert_array_equal(both[0], simulate(haswell, batch, iterations=50)[0])
   np.testing.assert_array_equal(
-      both[1], simulate(dataclasses.replace(haswell, params=narrow), batch, 50)[0])
+      both[1], simulate(dataclasses.replace(haswell, params=narrow), batch, iterations=50)[0])
   assert (both[1] >= both[0]).all()  # a narrower front end is never faster here
 
 
@@ -198,6 +206,40 @@ def test_bad_blocks_get_errors_and_spare_the_rest(haswell):
   assert out[0].cycles == out[3].cycles and out[0].error is None
   assert "decode" in out[1].error and out[1].cycles is None
   assert "300 instructions" in out[2].error
+
+
+def test_a_block_past_the_cycle_budget_is_reported_on_every_hard_path(haswell):
+  """No block of SMALL finishes 37 iterations in 8 cycles: `simulate` and
+  `simulate_sweep` raise naming the blocks, or return the code with throw=False, and
+  `simulate_blocks` puts the code and its message in each block's row."""
+  blocks = [parse_asm(a) for a in SMALL]
+  batch = encode(haswell, blocks, length=8)
+  with pytest.raises(SimulationError, match=r"simulate: 5 of 5 blocks failed(.|\n)*"
+                                            r"block 4: did not finish within the cycle budget"):
+    simulate(haswell, batch, iterations=37, max_cycles=8)
+  _, codes = simulate(haswell, batch, iterations=37, max_cycles=8, throw=False)
+  np.testing.assert_array_equal(codes, np.full(5, status.CYCLE_BUDGET))
+  stacked = jax.tree.map(lambda a: np.stack([a, a]), haswell.params)
+  with pytest.raises(SimulationError, match=r"simulate_sweep: 10 of 10 (.|\n)*block \(0, 4\)"):
+    simulate_sweep(haswell, batch, params=stacked, iterations=37, max_cycles=8)
+  _, codes = simulate_sweep(haswell, batch, params=stacked, iterations=37, max_cycles=8,
+                            throw=False)
+  np.testing.assert_array_equal(codes, np.full((2, 5), status.CYCLE_BUDGET))
+  for throughput in ("total", "steady"):
+    out = simulate_blocks(haswell, blocks, iterations=37, throughput=throughput, max_cycles=8)
+    assert out == [Prediction(None, status.message(status.CYCLE_BUDGET),
+                              status.CYCLE_BUDGET)] * 5
+
+
+def test_status_messages_name_every_condition():
+  assert status.message(status.OK) == "ok"
+  assert status.message(status.CYCLE_BUDGET | status.WINDOW, "row 7") == (
+      "row 7: did not finish within the cycle budget (max_cycles); its ROB has more entries "
+      "than the in-flight window has slots")
+  assert status.message(status.TRACE_LENGTH, 3).startswith("block 3: ran more dynamic")
+  status.check(np.zeros((2, 3), np.int32))  # all OK: no error
+  with pytest.raises(SimulationError, match=r"12 of 12 blocks(.|\n)*and 7 more"):
+    status.check(np.full(12, status.CYCLE_BUDGET))
 
 
 def test_blocks_in_chunks_give_what_blocks_give(haswell, capsys):
@@ -250,24 +292,23 @@ def test_sharded_over_eight_host_devices():
       tune_xla()
       import jax, numpy as np
       from diffsim.isa import parse_asm
-      from diffsim.isa.encode import encode
       from diffsim.params.table import load_table
-      from diffsim.sim import simulate
+      from diffsim.sim import encode, simulate
       assert len(jax.devices()) == 8
       t = load_table("haswell")
       asm = ["addl %ecx, %eax; imull %eax, %eax", "vdivsd %xmm1, %xmm2, %xmm3"] * 5
-      batch = encode([parse_asm(a) for a in asm], t.layout.index, length=8)
-      c, o = simulate(t, batch, 100)
+      batch = encode(t, [parse_asm(a) for a in asm], length=8)
+      c, o = simulate(t, batch, iterations=100)
       on0 = jax.tree.map(lambda x: jax.device_put(jax.numpy.asarray(x), jax.devices()[0]),
                          t.params)
-      c0, _ = simulate(dataclasses.replace(t, params=on0), batch, 100)
+      c0, _ = simulate(dataclasses.replace(t, params=on0), batch, iterations=100)
       assert (c0 == c).all(), (c0, c)
       # A sweep deals its (table, block) pairs to the devices: the same cycles.
       from diffsim.sim import simulate_sweep
       narrow = t.params.replace(dispatch_width=np.float32(2))
       both = jax.tree.map(lambda a, b: np.stack([a, b]), t.params, narrow)
-      s, _ = simulate_sweep(both, t.structure, t.layout, batch, 100)
-      c2, _ = simulate(dataclasses.replace(t, params=narrow), batch, 100)
+      s, _ = simulate_sweep(t, batch, params=both, iterations=100)
+      c2, _ = simulate(dataclasses.replace(t, params=narrow), batch, iterations=100)
       assert (s[0] == c).all() and (s[1] == c2).all(), (s, c, c2)
       print([int(x) for x in c])
   """)

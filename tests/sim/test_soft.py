@@ -9,25 +9,20 @@ import pytest
 
 from diffsim.data import shipped
 from diffsim.isa import decode_blocks, parse_asm
-from diffsim.isa.encode import encode, renaming_for
 from diffsim.params.table import READ_CLASSES, WRITE_ROLES, load_table
-from diffsim.sim import simulate, soft
-from diffsim.sim.api import record_schedules, window_for
+from diffsim.sim import encode, simulate, soft
+from diffsim.sim.api import record_schedules
 
 ITS = 16
 
 
 def _record(table, batch, iterations=ITS):
-  """Hard runs that keep their schedules: (cycles [B], overflow [B], traces [B, T, C]).
+  """Hard runs that keep their schedules: (cycles [B], status [B], traces [B, T, C]).
 
-  Through the public `record_schedules`, which takes the table's numbers as arguments:
-  tables of one layout and window share one compiled program.
+  `record_schedules` passes the table's numbers as arguments: tables of one layout and
+  window share one compiled program.
   """
-  B, L = batch.opcode.shape
-  return record_schedules(table.params, table.structure, table.layout, batch,
-                          np.full(B, iterations, np.int32),
-                          window=window_for(np.asarray(table.params.rob_size)),
-                          dynamic=L * iterations)
+  return record_schedules(table, batch, iterations=iterations)
 
 
 def _soft(table, batch, traces, tau, params=None, straight_through=False):
@@ -53,9 +48,9 @@ def test_replay_at_zero_temperature_is_the_hard_simulator(cpu, blocks):
   """Every modelled constraint is a true lower bound of the hard schedule (no negative
   slack), and at tau = 0 the replay gives the hard cycle counts exactly."""
   table = load_table(cpu)
-  batch = encode(blocks, table.layout.index, length=8, renaming=renaming_for(table))
+  batch = encode(table, blocks, length=8)
   cycles, _, traces = _record(table, batch)
-  plain, _ = simulate(table, batch, ITS)
+  plain, _ = simulate(table, batch, iterations=ITS)
   np.testing.assert_array_equal(cycles, plain)  # tracing changes nothing
   total, _, min_slack = _soft(table, batch, traces, 0.0)
   assert float(jnp.min(min_slack)) >= 0
@@ -64,7 +59,7 @@ def test_replay_at_zero_temperature_is_the_hard_simulator(cpu, blocks):
 
 def test_soft_tends_to_hard_as_temperature_falls(blocks):
   table = load_table("haswell")
-  batch = encode(blocks, table.layout.index, length=8, renaming=renaming_for(table))
+  batch = encode(table, blocks, length=8)
   cycles, _, traces = _record(table, batch)
   gaps = []
   for tau in (3.0, 1.0, 0.3, 0.1, 0.01):
@@ -77,7 +72,7 @@ def test_soft_tends_to_hard_as_temperature_falls(blocks):
 
 def _chain_batch(table, asm):
   block = parse_asm(asm)
-  return block, encode([block], table.layout.index, length=8, renaming=renaming_for(table))
+  return block, encode(table, [block], length=8)
 
 
 def test_straight_through_gradient_predicts_the_hard_simulator():
@@ -114,7 +109,7 @@ def test_gradients_match_central_differences_in_float64(blocks):
   """Where the relaxed model is smooth (tau > 0), autodiff agrees with central finite
   differences of the same replay, along random directions over every parameter."""
   table = load_table("znver3")
-  batch = encode(blocks[:16], table.layout.index, length=8, renaming=renaming_for(table))
+  batch = encode(table, blocks[:16], length=8)
   _, _, traces = _record(table, batch)
   with jax.enable_x64(True):
     # Off the integer grid: there ties (a max over equal latencies) are kinks.
@@ -150,7 +145,7 @@ def test_gradients_match_central_differences_in_float64(blocks):
                                  pytest.param(1.0, marks=pytest.mark.slow), 10.0])
 def test_no_nan_or_inf_in_gradients(tau, blocks):
   table = load_table("skylake")
-  batch = encode(blocks, table.layout.index, length=8, renaming=renaming_for(table))
+  batch = encode(table, blocks, length=8)
   _, _, traces = _record(table, batch)
   for st in (False, True):
     g = jax.grad(lambda p: jnp.mean(_soft(table, batch, traces, tau, p, st)[1]))(table.params)
@@ -177,12 +172,39 @@ def test_simulate_soft_is_the_public_differentiable_entry_point(blocks):
   from diffsim.sim import simulate_soft
 
   table = load_table("haswell")
-  batch = encode(blocks[:12], table.layout.index, length=8, renaming=renaming_for(table))
-  total, steady = simulate_soft(table, batch, iterations=ITS, tau=0.0)
-  hard, _ = simulate(table, batch, ITS)
+  batch = encode(table, blocks[:12], length=8)
+  total, _, codes = simulate_soft(table, batch, iterations=ITS, tau=0.0)
+  hard, _ = simulate(table, batch, iterations=ITS)
   np.testing.assert_array_equal(np.asarray(total), hard.astype(np.float32))
-  g = jax.grad(lambda p: simulate_soft(table, batch, p, iterations=ITS)[1].mean())(table.params)
+  assert not np.asarray(codes).any()
+
+  def per_100(p):
+    return simulate_soft(table, batch, params=p, iterations=ITS).per_100.mean()
+
+  g = jax.grad(per_100)(table.params)
   assert float(jnp.abs(g.latency).sum()) > 0
+
+
+def test_a_failed_hard_run_is_never_replayed_silently(blocks):
+  """Past the cycle budget, beyond the trace, or with a ROB wider than the window:
+  `record_schedules` returns the codes, and `simulate_soft` raises naming the blocks
+  (also under jit) or, with throw=False, returns them."""
+  from diffsim.sim import SimulationError, simulate_soft, status
+
+  table = load_table("haswell")
+  batch = encode(table, blocks[:4], length=8)
+  short = record_schedules(table, batch, iterations=ITS, dynamic=8, max_cycles=8)
+  np.testing.assert_array_equal(short.status, [status.CYCLE_BUDGET | status.TRACE_LENGTH] * 4)
+  with pytest.raises(SimulationError, match=r"simulate_soft: 4 of 4 blocks failed(.|\n)*"
+                                            r"block 3: did not finish within the cycle budget"):
+    simulate_soft(table, batch, iterations=ITS, max_cycles=8)
+  wide = table.params.replace(rob_size=np.float32(1000))  # the ring has the table's 192 slots
+  out = simulate_soft(table, batch, params=wide, iterations=ITS, max_cycles=8, throw=False)
+  np.testing.assert_array_equal(out.status, [status.CYCLE_BUDGET | status.WINDOW] * 4)
+  replay = jax.jit(lambda p: simulate_soft(table, batch, params=p, iterations=ITS,
+                                           max_cycles=8).per_100)
+  with pytest.raises(Exception, match="did not finish within the cycle budget"):
+    jax.block_until_ready(replay(table.params))
 
 
 def _memory_table(on: bool = True):
@@ -208,7 +230,7 @@ def test_memory_dependences_soft_equals_hard_and_gradients_are_right():
   table = _memory_table()
   plain = _memory_table(on=False)
   blocks = [parse_asm(a) for a in MEMORY_CHAINS]
-  batch = encode(blocks, table.layout.index, length=8, renaming=renaming_for(table))
+  batch = encode(table, blocks, length=8)
   # The store, and for a store of a register what produced its data: 1 + 2 + 2 edges.
   assert np.asarray(batch.dep_class == READ_CLASSES.index("mem"))[batch.dep_valid].sum() == 5
   cycles, _, traces = _record(table, batch)
@@ -216,8 +238,8 @@ def test_memory_dependences_soft_equals_hard_and_gradients_are_right():
   assert float(jnp.min(min_slack)) >= 0
   np.testing.assert_array_equal(np.asarray(total), np.asarray(cycles, np.float32))
   # Without memory dependences the same blocks are much faster: the edges bind.
-  plain_batch = encode(blocks, plain.layout.index, length=8, renaming=renaming_for(plain))
-  assert (simulate(plain, plain_batch, ITS)[0] < cycles).all()
+  plain_batch = encode(plain, blocks, length=8)
+  assert (simulate(plain, plain_batch, iterations=ITS)[0] < cycles).all()
   mem = WRITE_ROLES.index("MEM")
   g = jax.grad(lambda p: _soft(table, batch, traces, 0.0, p)[1][0])(table.params)
   k = table.layout.index[blocks[0].instrs[0].key]
@@ -246,8 +268,7 @@ def test_memory_dependences_are_off_in_llvm_mca_tables():
   fidelity to llvm-mca cannot change."""
   table = load_table("znver3")
   assert not table.layout.memory_dependences
-  batch = encode([parse_asm(MEMORY_CHAINS[0])], table.layout.index, length=8,
-                 renaming=renaming_for(table))
+  batch = encode(table, [parse_asm(MEMORY_CHAINS[0])], length=8)
   assert not (np.asarray(batch.dep_class) == READ_CLASSES.index("mem"))[batch.dep_valid].any()
 
 

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from diffsim.isa import parse_asm
-from diffsim.isa.encode import encode
 from diffsim.params.table import load_table
-from diffsim.sim import simulate
+from diffsim.sim import encode, simulate
 
 EXAMPLES = {
     "ex1_chain": ("addl %ecx, %eax; imull %eax, %eax", (7, 43, 403)),
@@ -41,13 +40,13 @@ def haswell():
 @pytest.fixture(scope="module")
 def batch(haswell):
   blocks = [parse_asm(asm) for asm, _ in EXAMPLES.values()]
-  return encode(blocks, haswell.layout.index)
+  return encode(haswell, blocks)
 
 
 @pytest.mark.parametrize("fast_forward", [False, True])
 @pytest.mark.parametrize("column,iterations", [(0, 1), (1, 10), (2, 100)])
 def test_total_cycles_match_llvm_mca(haswell, batch, column, iterations, fast_forward):
-  cycles, overflow = simulate(haswell, batch, iterations, fast_forward=fast_forward)
+  cycles, codes = simulate(haswell, batch, iterations=iterations, fast_forward=fast_forward)
   expected = np.array([want[column] for _, want in EXAMPLES.values()])
-  assert not overflow.any()
+  assert not codes.any()
   np.testing.assert_array_equal(cycles, expected, err_msg=str(list(EXAMPLES)))
