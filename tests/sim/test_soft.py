@@ -296,7 +296,7 @@ def test_l1_bank_limit_matches_the_xeon_soft_equals_hard_and_gradients_are_right
   steady = lambda t: [p.cycles for p in simulate_blocks(t, blocks[:3], throughput="steady")]  # noqa: E731
   assert steady(on) == [50, 100, 67]
   assert steady(off) == [33, 67, 67]
-  batch = encode(blocks, on.layout.index, length=8, renaming=renaming_for(on))
+  batch = encode(on, blocks, length=8)
   cycles, _, traces = _record(on, batch)
   total, _, min_slack = _soft(on, batch, traces, 0.0)
   assert float(jnp.min(min_slack)) >= 0
