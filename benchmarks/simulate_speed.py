@@ -34,7 +34,7 @@ from diffsim.llvmtools import llvm_version  # noqa: E402
 from diffsim.mca import run_mca  # noqa: E402
 from diffsim.params.table import load_table  # noqa: E402
 from diffsim.sim import encode, simulate, simulate_blocks  # noqa: E402
-from diffsim.sim.api import window_for  # noqa: E402
+from diffsim.sim.kernels import window_for  # noqa: E402
 
 
 def sample_hexes(n: int, seed: int = 0) -> tuple[list[str], str]:

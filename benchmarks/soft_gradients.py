@@ -28,7 +28,7 @@ from diffsim.fit import learn
 from diffsim.fit.batches import minibatches
 from diffsim.params.table import load_table
 from diffsim.sim import soft
-from diffsim.sim.api import window_for
+from diffsim.sim.kernels import window_for
 
 TAUS = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0)
 GRAD_TAUS = (0.0, 0.1, 1.0)  # (tau = 0 is the same plain and straight through)

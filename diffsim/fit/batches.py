@@ -17,7 +17,8 @@ import numpy as np
 from diffsim.isa.decode import decode_blocks
 from diffsim.isa.encode import BUCKETS, BlockBatch
 from diffsim.params.table import Table
-from diffsim.sim.api import block_error, cost_estimates, encode
+from diffsim.sim.api import encode
+from diffsim.sim.blocks import block_error, cost_estimates
 
 
 def dynamic_for(length: int) -> int:

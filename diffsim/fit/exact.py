@@ -189,11 +189,11 @@ class Judge:
   that calls it thousands of times compiles one program per bucket length."""
 
   def __init__(self, table: Table, blocks: Sequence, job: int = 256):
-    from diffsim.sim.api import _encoded
+    from diffsim.sim.blocks import block_encoding
 
     supported = np.asarray(table.structure.supported)
     renaming, key_of = renaming_for(table), key_lookup(table.layout.index)
-    self.encodings = [_encoded(table, b, supported, renaming, key_of) for b in blocks]
+    self.encodings = [block_encoding(table, b, supported, renaming, key_of) for b in blocks]
     # Each block's program shape: its bucket length, deps and consumers per instruction
     # (few shapes, so few compilations; a block runs with no more slots than it needs).
     self.shape = [None if isinstance(e, str) else _shape(e) for e in self.encodings]

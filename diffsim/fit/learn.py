@@ -25,7 +25,8 @@ import optax
 from diffsim.fit.batches import Minibatch, dynamic_for, minibatches
 from diffsim.params.table import Params, Table
 from diffsim.sim import soft, status
-from diffsim.sim.api import DEFAULT_MAX_CYCLES, Schedules, record_schedules, window_for
+from diffsim.sim.api import Schedules, record_schedules
+from diffsim.sim.kernels import DEFAULT_MAX_CYCLES, window_for
 from diffsim.sim.state import DISPATCH, ISSUE, RETIRE
 
 # What a fit may change; the rest of the table (buffers, queues, register files)

@@ -25,7 +25,8 @@ from diffsim.isa.ir import Block
 from diffsim.params.sample import sample_params, table_at
 from diffsim.params.table import Params, Table, load_table
 from diffsim.sim import programs
-from diffsim.sim.api import block_error, encode, simulate_sweep
+from diffsim.sim.api import encode, simulate_sweep
+from diffsim.sim.blocks import block_error
 
 
 @dataclasses.dataclass(frozen=True)

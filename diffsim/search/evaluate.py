@@ -4,7 +4,7 @@ Cost is simulated steady-state cycles per iteration (`simulate_blocks(...,
 throughput="steady")`, cycles per 100 iterations, divided by 100) over the useful
 floating-point operations of the iteration: cycles per flop. A configuration that
 cannot be compiled (`Task.static_error`) or whose instructions the target's table lacks
-(`diffsim.sim.api.block_error`: an ISA the target does not have) has no cost and an
+(`diffsim.sim.blocks.block_error`: an ISA the target does not have) has no cost and an
 error instead; a search that evaluates it has wasted an evaluation.
 
 `enumerate_costs` runs the whole space at once (the batched simulator), which is how
@@ -110,7 +110,7 @@ def enumerate_costs_stack(base, stacked, task: Task, *, cache: bool = True) -> l
   from diffsim.isa.encode import BUCKETS
   from diffsim.params.sample import table_at
   from diffsim.sim import encode, simulate_sweep, status
-  from diffsim.sim.api import block_error
+  from diffsim.sim.blocks import block_error
 
   P = int(np.shape(stacked.dispatch_width)[0])
   tables = [table_at(base, stacked, i) for i in range(P)]

@@ -11,14 +11,14 @@ report a status code per block (`diffsim.sim.status`).
 
 from diffsim.sim import status as status
 from diffsim.sim.api import Cycles as Cycles
-from diffsim.sim.api import Prediction as Prediction
 from diffsim.sim.api import SoftCycles as SoftCycles
 from diffsim.sim.api import encode as encode
 from diffsim.sim.api import simulate as simulate
-from diffsim.sim.api import simulate_blocks as simulate_blocks
-from diffsim.sim.api import simulate_chunks as simulate_chunks
 from diffsim.sim.api import simulate_soft as simulate_soft
 from diffsim.sim.api import simulate_sweep as simulate_sweep
+from diffsim.sim.blocks import Prediction as Prediction
+from diffsim.sim.blocks import simulate_blocks as simulate_blocks
+from diffsim.sim.blocks import simulate_chunks as simulate_chunks
 from diffsim.sim.status import SimulationError as SimulationError
 
 __all__ = ["Cycles", "Prediction", "SimulationError", "SoftCycles", "encode", "simulate",

@@ -151,7 +151,7 @@ def test_fit_takes_an_optax_optimizer(tmp_path):
 
   from diffsim.fit import FitConfig, fit
   from diffsim.fit.learn import project
-  from diffsim.sim.api import window_for
+  from diffsim.sim.kernels import window_for
 
   table, train, val = _short_haswell_split()
   config = FitConfig(epochs=1, batch_size=16)

@@ -6,7 +6,7 @@ import pytest
 from diffsim.params.table import load_table
 from diffsim.search.codegen import assembly, lower, lower_many
 from diffsim.search.space import ISAS, TASKS, get_task
-from diffsim.sim.api import block_error
+from diffsim.sim.blocks import block_error
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))

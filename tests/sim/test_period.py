@@ -10,7 +10,7 @@ from diffsim.isa import decode_blocks
 from diffsim.mca import run_mca
 from diffsim.params.table import load_table
 from diffsim.sim import encode, period, pipeline, simulate
-from diffsim.sim.api import window_for
+from diffsim.sim.kernels import window_for
 from diffsim.sim.facts import BIG, gather
 from diffsim.sim.state import init
 

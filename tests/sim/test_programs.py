@@ -8,7 +8,7 @@ import pytest
 from diffsim.isa import parse_asm
 from diffsim.params.table import load_table
 from diffsim.sim import encode, programs, simulate
-from diffsim.sim.api import _program, _simulate
+from diffsim.sim.kernels import program, simulate_jobs
 
 BLOCKS = ["addl %ecx, %eax; imull %eax, %eax", "movq (%rdi), %rax; addq %rax, %rbx",
           "vaddps %ymm0, %ymm1, %ymm2; vmulps %ymm2, %ymm2, %ymm3"]
@@ -62,13 +62,13 @@ def test_a_prefetched_program_is_loaded_in_the_background_and_then_run(kept, mon
   table = load_table("haswell")
   batch = encode(table, [parse_asm(b) for b in BLOCKS], length=8)
   its = np.array([20, 50, 100])
-  args, static, _ = _program(table, batch, its)
-  programs.prefetch(_simulate, args, static)
+  args, static, _ = program(table, batch, its)
+  programs.prefetch(simulate_jobs, args, static)
   assert not programs._loaded  # not kept yet: compiling stays with the caller
   cycles = simulate(table, batch, iterations=its)[0]
 
   programs._loaded.clear()  # a new process
-  programs.prefetch(_simulate, args, static)
+  programs.prefetch(simulate_jobs, args, static)
   (pending,) = programs._loaded.values()
   assert pending.result() is not None  # loaded on the loader's thread
 
@@ -106,7 +106,7 @@ def test_the_key_covers_shapes_static_arguments_and_code():
 
   def key(batch, layout=table.layout, window=224):
     leaves, tree = jax.tree.flatten((table.params, table.structure, batch, np.zeros(3)))
-    return programs._key(_simulate, tree, leaves, dict(layout=layout, window=window))
+    return programs._key(simulate_jobs, tree, leaves, dict(layout=layout, window=window))
 
   assert key(batch8) == key(batch8)
   assert len({key(batch8), key(batch16), key(batch8, window=256),

@@ -153,7 +153,7 @@ def test_a_window_smaller_than_the_rob_is_refused(haswell):
 
 def test_a_window_beyond_the_priority_keys_is_refused(haswell):
   # Issue priority keys hold a slot's distance from the ROB head in POS_BITS bits.
-  from diffsim.sim.api import MAX_WINDOW, window_for
+  from diffsim.sim.kernels import MAX_WINDOW, window_for
 
   batch = encode(haswell, [parse_asm(a) for a in SMALL], length=8)
   with pytest.raises(ValueError, match="exceeds the simulator's 1024"):
@@ -167,10 +167,10 @@ def test_second_call_does_not_recompile(haswell):
   batch = encode(haswell, [parse_asm(a) for a in SMALL], length=8)
   simulate(haswell, batch, iterations=10)
   from diffsim.sim import programs
-  from diffsim.sim.api import _simulate
+  from diffsim.sim.kernels import simulate_jobs
 
   def compiled():  # programs.call compiles each shape once, kept on disk or not
-    return _simulate._cache_size(), len(programs._loaded)
+    return simulate_jobs._cache_size(), len(programs._loaded)
 
   before = compiled()
   simulate(haswell, batch, iterations=20)
@@ -262,7 +262,7 @@ def test_blocks_the_simulator_cannot_tell_apart_are_simulated_once(haswell, monk
   only the first of each encoding is simulated; the others take its result, also
   across chunks."""
   from diffsim.isa.encode import encode_block
-  from diffsim.sim import api
+  from diffsim.sim import blocks as host
 
   texts = ["addl %ecx, %eax; imull %eax, %eax", "addl %edx, %ebx; imull %ebx, %ebx",
            "addl %ecx, %eax; imull %ecx, %ecx",  # other dependencies: its own encoding
@@ -271,8 +271,8 @@ def test_blocks_the_simulator_cannot_tell_apart_are_simulated_once(haswell, monk
   encodings = [encode_block(b, haswell.layout.index) for b in blocks]
   assert encodings[0] == encodings[1] != encodings[2] and encodings[3] == encodings[4]
   assembled = []
-  real = api.assemble
-  monkeypatch.setattr(api, "assemble",
+  real = host.assemble
+  monkeypatch.setattr(host, "assemble",
                       lambda encs, **kw: assembled.extend(encs) or real(encs, **kw))
   got = simulate_chunks(haswell, [blocks[:2], blocks[2:4], blocks[4:]])
   assert len(assembled) == 3
