@@ -83,16 +83,15 @@ def _read_predictions(path):
   return rows[1:]
 
 
-def _check_rows(rows, oracle, mode, max_mismatch=0):
+def _check_rows(rows, oracle, mode):
   """Rows in input order; bad rows carry an error; good rows match llvm-mca's labels."""
   assert [r[0] for r in rows] == [_expected_hex(*o) for o in ORDER]
-  mismatches = 0
   for (kind, k), (_, pred, err) in zip(ORDER, rows):
     if kind == "bad":
       assert pred == "" and err.startswith(f"decode: {BAD[k][1]}:"), (pred, err)
-    elif pred == "" or not math.isclose(float(pred), oracle[GOOD[k]][mode], rel_tol=1e-9):
-      mismatches += 1
-  assert mismatches <= max_mismatch, rows
+    else:
+      assert pred != "" and math.isclose(float(pred), oracle[GOOD[k]][mode], rel_tol=1e-9), \
+          (GOOD[k], pred, err, oracle[GOOD[k]][mode])
 
 
 def test_decode_keeps_every_row_in_order(blocks_csv, tmp_path, capsys):
@@ -141,9 +140,8 @@ def test_mca_scales_total_cycles_to_100_iterations(blocks_csv, oracle, tmp_path)
 def test_simulate_agrees_with_llvm_mca(blocks_csv, oracle, tmp_path):
   out = tmp_path / "sim.csv"
   assert main(["simulate", str(blocks_csv), "--params", "haswell", "-o", str(out)]) == 0
-  # The simulator is exact by design; one disagreement in five is the agreed slack
-  # while its remaining corner cases are fixed.
-  _check_rows(_read_predictions(out), oracle, "total", max_mismatch=1)
+  # The simulator is exact by design: every block's Total Cycles is llvm-mca's.
+  _check_rows(_read_predictions(out), oracle, "total")
 
 
 def test_simulate_decoding_in_chunks_in_a_second_process(blocks_csv, tmp_path, monkeypatch):
@@ -168,9 +166,10 @@ def _eval_json(capsys, argv):
 
 
 def test_eval_json_simulator(blocks_csv, capsys):
-  # The labels are llvm-mca's steady-state figures, which the simulator reproduces.
+  # The labels are llvm-mca's steady-state figures, which the simulator reproduces
+  # exactly.
   doc = _eval_json(capsys, ["eval", str(blocks_csv), "--params", "haswell", "--json"])
-  assert doc["within_5pct"] >= 0.8
+  assert doc["within_5pct"] == 1.0 and doc["mape"] == 0.0, doc
 
 
 def test_eval_mca_against_its_own_labels(blocks_csv, capsys):

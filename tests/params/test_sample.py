@@ -1,4 +1,5 @@
-"""Sampled tables: reproducible, integral, within their ranges, and run exactly."""
+"""Sampled tables: reproducible, integral, within their ranges (that a sweep runs them
+exactly as alone is tests/sim/test_simulate.py's `test_sweep_equals_one_table_at_a_time`)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from diffsim.data import load_csv, shipped
-from diffsim.isa import decode_blocks
-from diffsim.params.sample import sample_params, table_at
+from diffsim.params.sample import sample_params
 from diffsim.params.table import load_table
-from diffsim.sim import encode, simulate, simulate_sweep
 
 
 @pytest.fixture(scope="module")
@@ -44,22 +42,6 @@ def test_values_integral_and_within_documented_ranges(haswell):
   # The tables really differ from the base and from each other.
   assert len(np.unique(p.rob_size)) > 4
   assert np.mean(p.latency[0] != lat0) > 0.2
-
-
-@pytest.mark.slow  # a minute of compiles; tests/sim covers sweep == one table at a time
-def test_sweep_equals_each_sampled_table_run_alone(haswell):
-  ds = load_csv(shipped("mca-small.csv"))
-  blocks = [b for b in decode_blocks(list(ds.hex)[:40])
-            if not isinstance(b, Exception) and len(b.instrs) <= 8][:8]
-  batch = encode(haswell, blocks, length=8)
-  p = sample_params(haswell, 3, seed=1)
-  sweep, codes = simulate_sweep(haswell, batch, params=p, iterations=20)
-  assert not codes.any()
-  for i in range(3):
-    alone, _ = simulate(table_at(haswell, p, i), batch, iterations=20)
-    np.testing.assert_array_equal(sweep[i], alone)
-  base, _ = simulate(haswell, batch, iterations=20)
-  assert not all(np.array_equal(sweep[i], base) for i in range(3))
 
 
 def test_bad_arguments_are_named(haswell):

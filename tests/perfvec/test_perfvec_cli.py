@@ -41,7 +41,7 @@ def test_train_writes_model_report_and_labels(model_dir):
   n = len(meta["probes"])
   assert 0 < n == len(set(meta["probes"])) <= 40
   assert f"held-out sampled tables x unseen blocks, adapted on {n} probes" in whats
-  assert all(0 <= r["mape"] < 10 and r["n"] > 0 for r in report)
+  assert all(r["n"] > 0 for r in report)
   # One sweep of every table but the encoder's over the drawn blocks, one of two training
   # tables over the extra blocks, one of the encoder's two tables over 12 training blocks;
   # those two are the refit's alone (neither trained on nor scored).
@@ -51,6 +51,13 @@ def test_train_writes_model_report_and_labels(model_dir):
   assert ys[2].shape[1] >= 30
   assert "haswell~0.3" not in meta["train_uarchs"]
   assert all(np.isfinite(y).all() and (y > 0).all() for y in ys)
+  # Bounds from what this run scores (MAPE over seeds 0, 1, 2: every row 0.15 to 1.17, the
+  # held-out sampled tables 0.15 to 0.60), well under what a broken model scores: 1.0
+  # predicting zero, 9 predicting ten times the labels. Too small to beat the best
+  # constant, though: one number for every pair scores 0.64 to 0.68.
+  assert all(0 < r["mape"] < 1.5 for r in report), report
+  held_out = [r["mape"] for r in report if r["what"].startswith("held-out sampled tables x unseen")]
+  assert len(held_out) == 2 and max(held_out) < 0.75, report
   assert len(json.loads((model_dir / "history.json").read_text())) == 2
 
 

@@ -1,15 +1,12 @@
 """Register files (Zen 3): move elimination, partial writes, aliases; decoder facts
 that only llvm-mca's timelines show (nop address reads, `leave`, `cltd`, `vzeroupper`)."""
 
-import numpy as np
 import pytest
 
 from diffsim.isa import parse_asm
 from diffsim.isa.encode import ALWAYS, _ranged_edges, _rename_history, encode, renaming_for
-from diffsim.mca import timeline as mca_timeline
 from diffsim.params.table import WRITE_ROLES, load_table
 from diffsim.sim import encode as sim_encode
-from diffsim.sim.api import timeline
 
 # Each one checked cycle by cycle against llvm-mca 14 (dispatch, issue, retire).
 CASES = [
@@ -53,16 +50,10 @@ def znver3():
 
 # znver3's register files are the harder case; haswell's in the slow suite (CI's time).
 @pytest.mark.parametrize("cpu", ["znver3", pytest.param("haswell", marks=pytest.mark.slow)])
-def test_timelines_match_llvm_mca(cpu):
+def test_timelines_match_llvm_mca(cpu, assert_timeline_is_llvm_mcas):
   table = load_table(cpu)
   for asm in CASES:
-    block = parse_asm(asm)
-    cycles, ours = timeline(table, block, 6)
-    ref = mca_timeline(block.text, cpu, 6)
-    assert cycles == ref.total_cycles, asm
-    np.testing.assert_array_equal(ours[..., 0], ref.dispatched, err_msg=asm)
-    np.testing.assert_array_equal(ours[..., 1], ref.issued, err_msg=asm)
-    np.testing.assert_array_equal(ours[..., 2], ref.retired, err_msg=asm)
+    assert_timeline_is_llvm_mcas(table, asm)
 
 
 def test_eliminated_moves_and_partial_writes_encode(znver3):

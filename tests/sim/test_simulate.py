@@ -13,19 +13,9 @@ import pytest
 from diffsim.data import shipped
 from diffsim.isa import decode_blocks, parse_asm
 from diffsim.mca import run_mca
-from diffsim.mca import timeline as mca_timeline
 from diffsim.params.table import load_table
-from diffsim.sim import (
-  Prediction,
-  SimulationError,
-  encode,
-  simulate,
-  simulate_blocks,
-  simulate_chunks,
-  simulate_sweep,
-  status,
-)
-from diffsim.sim.api import timeline
+from diffsim.sim import (Prediction, SimulationError, encode, simulate, simulate_blocks,
+                         simulate_chunks, simulate_sweep, status)
 
 SMALL = ["addl %ecx, %eax; imull %eax, %eax", "vdivsd %xmm1, %xmm2, %xmm3",
          "movl %ecx, (%rdi); movl (%rsi), %eax; addl %eax, %ecx",
@@ -58,15 +48,9 @@ def test_real_blocks_match_llvm_mca(haswell, shipped_blocks):
   assert exact >= 0.95, list(zip(pred, ref))
 
 
-def test_timeline_matches_llvm_mca_cycle_by_cycle(haswell):
+def test_timeline_matches_llvm_mca_cycle_by_cycle(haswell, assert_timeline_is_llvm_mcas):
   for asm in SMALL + ["vpor %ymm1, %ymm2, %ymm8; vmulps %ymm1, %ymm2, %ymm9; movl $1, %r10d"]:
-    block = parse_asm(asm)
-    cycles, ours = timeline(haswell, block, 6)
-    ref = mca_timeline(block.text, "haswell", 6)
-    assert cycles == ref.total_cycles, asm
-    np.testing.assert_array_equal(ours[..., 0], ref.dispatched, err_msg=asm)
-    np.testing.assert_array_equal(ours[..., 1], ref.issued, err_msg=asm)
-    np.testing.assert_array_equal(ours[..., 2], ref.retired, err_msg=asm)
+    assert_timeline_is_llvm_mcas(haswell, asm)
 
 
 # Instances whose class depends on an operand, not only on the opcode: a zero immediate
@@ -178,17 +162,23 @@ def test_second_call_does_not_recompile(haswell):
 
 
 def test_sweep_equals_one_table_at_a_time(haswell):
-  batch = encode(haswell, [parse_asm(a) for a in SMALL], length=8)
-  narrow = haswell.params.replace(dispatch_width=np.float32(2))
-  stacked = jax.tree.map(lambda a, b: np.stack([a, b]), haswell.params, narrow)
-  both, codes = simulate_sweep(haswell, batch, params=stacked, iterations=50)
-  assert both.shape == codes.shape == (2, len(SMALL)) and not codes.any()
+  """The table, a narrower front end, and a sampled table (every number moved, a ROB of
+  109 entries) swept together give each table's cycles run alone."""
   import dataclasses
 
-  np.testing.assert_array_equal(both[0], simulate(haswell, batch, iterations=50)[0])
-  np.testing.assert_array_equal(
-      both[1], simulate(dataclasses.replace(haswell, params=narrow), batch, iterations=50)[0])
-  assert (both[1] >= both[0]).all()  # a narrower front end is never faster here
+  from diffsim.params.sample import sample_params, table_at
+
+  batch = encode(haswell, [parse_asm(a) for a in SMALL], length=8)
+  narrow = haswell.params.replace(dispatch_width=np.float32(2))
+  sampled = table_at(haswell, sample_params(haswell, 1, seed=0), 0)
+  stacked = jax.tree.map(lambda *a: np.stack(a), haswell.params, narrow, sampled.params)
+  every, codes = simulate_sweep(haswell, batch, params=stacked, iterations=50)
+  assert every.shape == codes.shape == (3, len(SMALL)) and not codes.any()
+  for params, swept in zip((haswell.params, narrow, sampled.params), every):
+    np.testing.assert_array_equal(
+        swept, simulate(dataclasses.replace(haswell, params=params), batch, iterations=50)[0])
+  assert (every[1] >= every[0]).all()  # a narrower front end is never faster here
+  assert not np.array_equal(every[2], every[0])
 
 
 def test_steady_throughput_definition(haswell):
