@@ -374,18 +374,24 @@ def test_memory_dependences_soft_equals_hard_and_gradients_are_right():
   _, _, traces2 = _record(_with(table, bumped), batch)
   after = float(_soft(_with(table, bumped), batch, traces2, 0.0)[1][0])
   assert after - float(steady[0]) == pytest.approx(100.0)
+  v = np.zeros(np.shape(table.params.latency))
+  v[:, mem] = np.random.default_rng(0).normal(size=v.shape[0])
+  _latency_gradient_is_central_differences(
+      table, lambda p: jnp.mean(_soft(table, batch, traces, 0.7, p)[1]), v)
+
+
+def _latency_gradient_is_central_differences(table, f, v):
+  """Autodiff of f (a scalar of the parameters) along latency direction v agrees with
+  float64 central differences around the table's numbers plus 0.1, and is not zero."""
   with jax.enable_x64(True):
     p64 = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64) + 0.1, table.params)
-    f = lambda p: jnp.mean(_soft(table, batch, traces, 0.7, p)[1])  # noqa: E731
-    v = np.zeros(np.shape(p64.latency))
-    v[:, mem] = np.random.default_rng(0).normal(size=v.shape[0])
     d = jax.tree.map(jnp.zeros_like, p64).replace(latency=jnp.asarray(v))
     eps = 1e-6
     fd = (f(jax.tree.map(lambda a, b: a + eps * b, p64, d))
           - f(jax.tree.map(lambda a, b: a - eps * b, p64, d))) / (2 * eps)
     ad = float(jnp.sum(jax.grad(f)(p64).latency * v))
-    assert abs(float(fd)) > 1e-3
-    assert ad == pytest.approx(float(fd), rel=1e-5, abs=1e-6)
+  assert abs(float(fd)) > 1e-3
+  assert ad == pytest.approx(float(fd), rel=1e-5, abs=1e-6)
 
 
 def test_memory_dependences_are_off_in_llvm_mca_tables():
@@ -426,14 +432,6 @@ def test_l1_bank_limit_matches_the_xeon_soft_equals_hard_and_gradients_are_right
   total, _, min_slack = _soft(on, batch, traces, 0.0)
   assert float(jnp.min(min_slack)) >= 0
   np.testing.assert_array_equal(np.asarray(total), np.asarray(cycles, np.float32))
-  with jax.enable_x64(True):
-    p64 = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64) + 0.1, on.params)
-    f = lambda p: _soft(on, batch, traces, 0.7, p)[1][3]  # noqa: E731
-    v = np.random.default_rng(1).normal(size=np.shape(p64.latency))
-    d = jax.tree.map(jnp.zeros_like, p64).replace(latency=jnp.asarray(v))
-    eps = 1e-6
-    fd = (f(jax.tree.map(lambda a, b: a + eps * b, p64, d))
-          - f(jax.tree.map(lambda a, b: a - eps * b, p64, d))) / (2 * eps)
-    ad = float(jnp.sum(jax.grad(f)(p64).latency * v))
-    assert abs(float(fd)) > 1e-3
-    assert ad == pytest.approx(float(fd), rel=1e-5, abs=1e-6)
+  _latency_gradient_is_central_differences(
+      on, lambda p: _soft(on, batch, traces, 0.7, p)[1][3],
+      np.random.default_rng(1).normal(size=np.shape(on.params.latency)))
