@@ -17,6 +17,7 @@ turns each into a dependence edge when the CPU table enables memory dependences.
 from __future__ import annotations
 
 import collections
+import functools
 import re
 from typing import Optional
 
@@ -147,6 +148,13 @@ def _overlap(x: tuple, y: tuple) -> bool:
 _LATE = 7  # the iteration whose edges must match the second's (`memory_edges`)
 
 
+@functools.lru_cache(maxsize=1)
+def _steady(block: Block) -> list[list[list[tuple]]]:
+  """`accesses` up to iteration `_LATE`, what steady edges are judged on: encoding asks
+  `memory_edges` and then `bank_edges` about the same block."""
+  return accesses(block, iterations=_LATE + 1)
+
+
 # How a CPU renames memory (`global.memory_renaming`), measured on the CPUs the project
 # has data for with blocks like `movq %rax,8(%rbx); movq 8(%rcx),%rax; imulq %rax,%rax`:
 # - "operand" (Zen 2's documented rule; Zen 5): the same address written the same way
@@ -202,7 +210,7 @@ def memory_edges(block: Block, renaming: str = "operand") -> list[list[tuple[int
   meet only in the first iterations, so an edge counts only when it holds in the
   second iteration and in the eighth. renamable: see `_renamable` (renaming: a
   policy of `RENAMING`)."""
-  acc = accesses(block, iterations=_LATE + 1)
+  acc = _steady(block)
   n = len(block.instrs)
 
   def edges(k: int, c: int) -> list[tuple[int, int, tuple, tuple]]:
@@ -249,7 +257,7 @@ def bank_edges(block: Block, loads_per_bank: int) -> list[list[tuple[int, int, i
   order could chain a load behind a younger one whose address it computes). Only loads
   whose banks are the same in every iteration take part; a pointer that moves through
   the line spreads its loads over banks."""
-  acc = accesses(block, iterations=_LATE + 1)
+  acc = _steady(block)
   banks: list[frozenset] = []
   for c in range(len(block.instrs)):
     loads = [frozenset().union(*(_banks(a) for a in acc[k][c] if a[2]))
