@@ -66,6 +66,22 @@ def skylake_steady():
   return ds.take(np.flatnonzero(np.isfinite(y) & (y > 0)))
 
 
+def with_anchors(blocks, y, weight: float):
+  """The training blocks plus single instructions of them (`diffsim.fit.anchors`),
+  labelled like the blocks (llvm-mca skylake steady), and each row's weight."""
+  from diffsim.cli import mca_predict
+  from diffsim.fit.anchors import pick
+
+  good = [b for b in blocks if not isinstance(b, Exception)]
+  alone = decode_blocks([h for _, h, _ in pick(good)])
+  labels = [v for v, _ in mca_predict(alone, "skylake", 100, "steady", False)]
+  keep = [i for i, v in enumerate(labels) if v is not None and v > 0]
+  print(f"# {len(keep)} anchors (single instructions, llvm-mca skylake), weight {weight:g}")
+  return (list(blocks) + [alone[i] for i in keep],
+          np.concatenate([y, [labels[i] for i in keep]]),
+          np.concatenate([np.ones(len(y)), np.full(len(keep), weight)]))
+
+
 def with_register_file(table: Table) -> Table:
   """`table` with one inert register file when it has none.
 
@@ -200,6 +216,9 @@ def main(argv=None) -> int:
   ap.add_argument("--exact", type=int, default=0, metavar="ROUNDS",
                   help="instead of the gradient fit, this many rounds of the exact "
                        "per-opcode search (diffsim.fit.exact)")
+  ap.add_argument("--anchors", type=float, default=0.0, metavar="WEIGHT",
+                  help="with --exact: also fit single instructions of the training blocks "
+                       "(diffsim.fit.anchors), labelled by llvm-mca skylake, at this weight")
   args = ap.parse_args(argv)
   _compile_cache()
   out = args.out or Path(tempfile.mkdtemp(prefix="fit_recovery_"))
@@ -247,8 +266,11 @@ def main(argv=None) -> int:
       from diffsim.fit.exact import MOVES, refine
 
       start_table = rounded_table(table, table.params, start)
-      refined = refine(start_table, decode_blocks(list(train.hex)), train.y, MOVES,
-                       rounds=args.exact, val=(decode_blocks(list(val.hex)), val.y),
+      blocks, y, weights = decode_blocks(list(train.hex)), train.y, np.ones(len(train))
+      if args.anchors:
+        blocks, y, weights = with_anchors(blocks, y, args.anchors)
+      refined = refine(start_table, blocks, y, MOVES, rounds=args.exact,
+                       val=(decode_blocks(list(val.hex)), val.y), weights=weights,
                        state_dir=out / start / "exact",
                        log=lambda s: print(f"    {s}", flush=True))
       timing[start] = {"total": time.perf_counter() - t0, "epochs": []}

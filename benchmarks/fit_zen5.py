@@ -101,6 +101,12 @@ def main() -> None:
   ap.add_argument("--train-limit", type=int, default=0, help="training blocks (0 = all)")
   ap.add_argument("--mca-models", default="znver3")
   ap.add_argument("--out", default="runs/zen5-bench")
+  ap.add_argument("--anchors", default="",
+                  help="single-instruction micro-benchmarks measured on the same CPU "
+                       "(benchmarks/measure_anchors.py; a shipped name or a path), fitted "
+                       "beside the training blocks")
+  ap.add_argument("--anchor-weight", type=float, default=4.0,
+                  help="how much one anchor's error counts against one block's")
   ap.add_argument("--ship", action="store_true",
                   help="copy the fitted table to diffsim/params/tables/NAME.json")
   args = ap.parse_args()
@@ -135,14 +141,25 @@ def main() -> None:
   trees = OpcodeTrees().fit(take(train_ids), ds.y[train_ids])
   trees_s = time.time() - t0
   start = load_table(args.init)
+  fit_blocks, fit_y = take(train_ids), ds.y[train_ids]
+  weights = np.ones(len(fit_y))
+  if args.anchors:
+    anchors = load_csv(args.anchors if Path(args.anchors).exists() else shipped(args.anchors))
+    ok = np.isfinite(anchors.y) & (np.asarray(anchors.extra["spread"], np.float64) <= 0.05)
+    ab = decode_blocks([h for h, good in zip(anchors.hex, ok) if good])
+    fit_blocks, fit_y = fit_blocks + ab, np.concatenate([fit_y, anchors.y[ok]])
+    weights = np.concatenate([weights, np.full(len(ab), args.anchor_weight)])
+    print(f"{len(ab)} anchors ({args.anchors}) beside them, weight {args.anchor_weight:g}")
   t0 = time.time()
-  refined = refine(start, take(train_ids), ds.y[train_ids], MOVES, rounds=args.exact,
-                   cap=args.cap, val=(take(val_ids), ds.y[val_ids]), state_dir=out / "exact")
+  refined = refine(start, fit_blocks, fit_y, MOVES, rounds=args.exact, cap=args.cap,
+                   val=(take(val_ids), ds.y[val_ids]), state_dir=out / "exact",
+                   weights=weights)
   fit_s = time.time() - t0
   doc = to_json(refined.table, cpu=args.name,
                 source=f"diffsim.fit.exact from {args.init} on {len(train_ids)} measured "
-                       f"blocks ({args.data}, split seed 0, {args.app} held out), "
-                       f"{args.exact} rounds")
+                       f"blocks ({args.data}, split seed 0, {args.app} held out)"
+                       + (f" and {int((weights > 1).sum())} anchors ({args.anchors})"
+                          if args.anchors else "") + f", {args.exact} rounds")
   write_json(doc, out / "params.json")
   (out / "history.json").write_text(json.dumps(refined.history, indent=1))
   fitted = load_table(str(out / "params.json"))

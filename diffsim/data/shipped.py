@@ -20,6 +20,9 @@ SHIPPED = {
                     "hex,cycles_per_100_iterations,source_app,spread",
   "mca-small.csv": "2,000 BHive blocks with llvm-mca 14 Total Cycles; "
                    "hex,haswell_100,haswell_200,skylake_100,skylake_200,znver3_100,znver3_200",
+  "graniterapids-anchors.csv": "2,022 single instructions measured alone on the Xeon 6 "
+                               "(benchmarks/measure_anchors.py); "
+                               "hex,cycles_per_100_iterations,spread,error",
 }
 
 

@@ -275,19 +275,25 @@ class BlockIndex:
   judges: dict[int, np.ndarray]  # row -> blocks (a seeded sample of at most `cap`)
 
   @classmethod
-  def build(cls, judge: Judge, cap: int, seed: int = 0) -> "BlockIndex":
+  def build(cls, judge: Judge, cap: int, seed: int = 0,
+            always: np.ndarray | None = None) -> "BlockIndex":
     """Each opcode is judged by its blocks when it has at most `cap`; else by `cap` of
-    them drawn at random (seeded)."""
+    them drawn at random (seeded). Blocks in `always` (micro-benchmarks) judge every
+    opcode they use, on top of the sample."""
     keys = [judge.keys(i) for i in range(len(judge.encodings))]
     users: dict[int, list[int]] = {}
     for i, ks in enumerate(keys):
       for k in ks:
         users.setdefault(int(k), []).append(i)
     rng = np.random.default_rng(seed)
+    pinned = np.zeros(len(keys), bool) if always is None else np.asarray(always, bool)
     judges = {}
     for k, ids in users.items():
       ids = np.array(ids)
-      judges[k] = np.sort(rng.choice(ids, cap, replace=False)) if len(ids) > cap else ids
+      own, rest = ids[pinned[ids]], ids[~pinned[ids]]
+      if len(rest) > cap:
+        rest = rng.choice(rest, cap, replace=False)
+      judges[k] = np.sort(np.concatenate([own, rest]))
     return cls(keys, judges)
 
 
@@ -327,7 +333,7 @@ def _load(state_dir):
 
 
 def _verified(p: dict, candidates: list[int], move: Move, ports, judge: "Judge",
-              table: Table, index: BlockIndex, err: np.ndarray, y: np.ndarray,
+              table: Table, index: BlockIndex, err: np.ndarray, errors: Callable,
               min_gain: float, tries: int = 3) -> list[int]:
   """The candidates to keep: all are applied together, and each must still lower the
   error of its judging blocks by `min_gain` with the others in place; those that do
@@ -341,7 +347,7 @@ def _verified(p: dict, candidates: list[int], move: Move, ports, judge: "Judge",
       apply(trial, k, move, ports)
     ids = np.unique(np.concatenate([index.judges[k] for k in keep]))
     now = np.zeros(len(err))
-    now[ids] = _errors(judge(_table(table, trial), ids), y[ids])
+    now[ids] = errors(judge(_table(table, trial), ids), ids)
     bad = {k for k in keep if (err[index.judges[k]] - now[index.judges[k]]).mean() < min_gain}
     if not bad:
       break
@@ -355,7 +361,7 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
            rounds: int = 2, cap: int = 48, min_blocks: int = 3, min_gain: float = 0.002,
            val: tuple[Sequence, np.ndarray] | None = None, state_dir=None,
            frozen: Callable[[int], bool] | None = None, passes: int = 4,
-           log=print) -> Refined:
+           weights: np.ndarray | None = None, log=print) -> Refined:
   """Coordinate search over per-opcode integers, judged by the exact simulator.
 
   Each round tries every move on every opcode that enough training blocks use; a move
@@ -377,14 +383,22 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
     frozen: rows that never move.
     passes: how often one move kind is judged again for the opcodes that gained
       alone but were dropped when judged with the others (`_verified`).
+    weights: per training block, how much its error counts (default 1). Blocks
+      weighted above 1 (micro-benchmarks of single instructions, the clean evidence)
+      also judge every opcode they use, whatever `cap` samples.
   """
   from pathlib import Path
 
   y = np.asarray(y, np.float64)
+  w = np.ones(len(y)) if weights is None else np.asarray(weights, np.float64)
+
+  def errors(pred, ids):  # each block's weighted relative error
+    return _errors(pred, y[ids]) * w[ids]
+
   table = _any_group_needs_one(table)
   ports = port_moves(table) if any(m.field == "port" for m in moves) else {}
   judge = Judge(table, blocks)
-  index = BlockIndex.build(judge, cap)
+  index = BlockIndex.build(judge, cap, always=w > 1)
   p = _numpy(table.params)
   best, done = {k: v.copy() for k, v in p.items()}, dict(steps=0, history=[], best=None)
   state_dir = Path(state_dir) if state_dir else None
@@ -406,7 +420,7 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
   judged = np.unique(np.concatenate([index.judges[k] for k in rows]))
   t0 = time.time()
   err = np.zeros(len(blocks))
-  err[judged] = _errors(judge(_table(table, p), judged), y[judged])
+  err[judged] = errors(judge(_table(table, p), judged), judged)
   if done["best"] is None and val is not None:
     done["best"] = dict(round=-1, val=val_mape(p))
   log(f"exact search: {len(rows)} opcodes judged by {len(judged)} of {len(blocks)} blocks, "
@@ -428,7 +442,7 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
           if not apply(q, -1, move):
             break
           tried += 1
-          new = _errors(judge(_table(table, q), judged), y[judged])
+          new = errors(judge(_table(table, q), judged), judged)
           # Each value compiles its own programs (the dispatch group and the window are
           # static): drop them, or a process runs out of memory mappings for them.
           jax.clear_caches()
@@ -449,10 +463,10 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
         tried = max(tried, len(moved))
         ids = np.concatenate([index.judges[k] for k in moved])
         which = np.concatenate([np.full(len(index.judges[k]), k) for k in moved])
-        gain = err[ids] - _errors(judge(_table(doubled, q), ids, moved=which), y[ids])
+        gain = err[ids] - errors(judge(_table(doubled, q), ids, moved=which), ids)
         gains = {k: gain[which == k].mean() for k in moved}
         now = _verified(p, [k for k in moved if gains[k] >= min_gain], move, ports, judge,
-                        table, index, err, y, min_gain)
+                        table, index, err, errors, min_gain)
         if not now:
           break
         for k in now:
@@ -461,7 +475,7 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
         # Re-judge the judging blocks that a kept move touches.
         touched = judged[np.isin(judged, np.flatnonzero(
             [np.isin(ks, now).any() for ks in index.keys]))]
-        err[touched] = _errors(judge(_table(table, p), touched), y[touched])
+        err[touched] = errors(judge(_table(table, p), touched), touched)
         pending = [k for k in moved if gains[k] >= min_gain and k not in now]
       rec = dict(round=r, move=str(move), tried=tried, kept=len(kept),
                  train=float(err[judged].mean()), seconds=time.time() - t0)

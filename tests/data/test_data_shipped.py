@@ -17,7 +17,20 @@ def test_shipped_files_load():
   assert len(mca) == 2000 and mca.errors == () and mca.label == "haswell_100"
   assert list(mca.extra) == ["haswell_200", "skylake_100", "skylake_200", "znver3_100",
                              "znver3_200"]
-  assert set(SHIPPED) == {"zen5-small.csv", "mca-small.csv"}
+  assert set(SHIPPED) == {"zen5-small.csv", "mca-small.csv", "graniterapids-anchors.csv"}
+
+
+def test_shipped_anchors_are_single_instructions_measured_or_rejected_with_a_reason():
+  from diffsim.isa import decode_blocks
+
+  anchors = load_csv(shipped("graniterapids-anchors.csv"))
+  assert len(anchors) == 2022 and list(anchors.extra) == ["spread", "error"]
+  blocks = decode_blocks(list(anchors.hex))
+  assert all(len(b) == 1 for b in blocks)
+  rejected = ~np.isfinite(anchors.y)
+  assert 0 < rejected.sum() < 30
+  assert all(anchors.extra["error"][i] for i in np.flatnonzero(rejected))
+  assert np.all(anchors.y[~rejected] > 0)
 
 
 def test_shipped_folder_is_small_and_licensed():

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from diffsim.data import shipped
-from diffsim.fit.exact import Judge, Move, _any_group_needs_one, apply, port_moves, refine, variants
+from diffsim.fit.exact import (BlockIndex, Judge, Move, _any_group_needs_one, apply, port_moves,
+                                refine, variants)
 from diffsim.isa import decode_blocks, parse_asm
 from diffsim.params.table import load_table
 
@@ -132,3 +133,43 @@ def test_global_moves_recover_the_dispatch_width(short, truth):
   assert float(got.table.params.dispatch_width) == 4
   # and nothing else moved
   np.testing.assert_array_equal(got.table.params.latency, table.params.latency)
+
+
+def test_anchors_judge_their_opcode_and_outweigh_misleading_blocks(short):
+  """Blocks labelled by a table with one opcode 2 cycles slower pull the search to that
+  latency; single-instruction anchors labelled by the true table hold it where it is,
+  once they weigh enough, and they judge the opcode whatever `cap` samples."""
+  table = load_table("haswell")
+  judge = Judge(table, short)
+  p = {k: np.array(v) for k, v in vars(table.params).items()}
+  counts = np.bincount(np.concatenate([judge.keys(i) for i in range(len(short))]),
+                       minlength=len(table.layout.keys))
+  for k in np.argsort(-counts)[:40]:
+    ids = np.array([i for i in range(len(short)) if k in judge.keys(i)])
+    alone = [b for b in decode_blocks([ins.hex for i in ids for ins in short[i].instrs
+                                       if table.layout.keys[k] == ins.key])][:3]
+    slow = {n: a.copy() for n, a in p.items()}
+    apply(slow, int(k), Move("latency", +2))
+    wrong = _with(table, slow)
+    y_alone = Judge(table, alone)(table, np.arange(len(alone)))
+    if (len(ids) >= 8 and len(alone) == 3
+        and np.all(Judge(wrong, alone)(wrong, np.arange(3)) != y_alone)):
+      break
+  else:
+    pytest.fail("no opcode whose latency one instruction alone shows")
+  blocks = [short[i] for i in ids] + alone
+  y = np.concatenate([Judge(wrong, blocks[:-3])(wrong, np.arange(len(ids))), y_alone])
+  pinned = np.arange(len(blocks)) >= len(ids)
+  index = BlockIndex.build(Judge(table, blocks), cap=2, always=pinned)
+  assert set(np.flatnonzero(pinned)) <= set(index.judges[int(k)].tolist())
+  assert len(index.judges[int(k)]) == 2 + 3
+
+  def latency_after(weight):
+    w = np.where(pinned, weight, 1.0)
+    got = refine(table, blocks, y, [Move("latency", +2)], rounds=1, cap=len(blocks),
+                 min_blocks=1, weights=w, log=lambda *_: None)
+    return np.asarray(got.table.params.latency)[k]
+
+  true = np.asarray(table.params.latency)[k]
+  assert not np.array_equal(latency_after(1.0), true)  # the blocks win
+  np.testing.assert_array_equal(latency_after(float(len(ids))), true)  # the anchors win
