@@ -20,7 +20,7 @@ from diffsim.isa.encode import (BUCKETS, Encoding, assemble, bucket_length, enco
 from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import Block
 from diffsim.params.table import Table
-from diffsim.sim import programs, status
+from diffsim.sim import hosts, programs, status
 from diffsim.sim.kernels import DEFAULT_MAX_CYCLES, finish, launch, program, simulate_jobs
 
 
@@ -156,6 +156,28 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
   cost = np.zeros(0)  # per block, `cost_estimates`
   bar = _progress(progress, total)
   previous = None  # the job on the devices, collected when the next one launches
+  # Across processes (`diffsim.sim.hosts`): every process sees every block, and deals
+  # each chunk's new encodings of a bucket, most expensive first, in turn.
+  n_proc, me = hosts.count(), hosts.index()
+  shares: list[list[int]] = [[] for _ in range(n_proc)]  # blocks each process simulates
+  turn: dict[int, int] = {}  # bucket length -> encodings dealt so far
+
+  def deal(new: list[int]) -> list[int]:
+    """This process's blocks of `new`, in input order (all of them in one process)."""
+    if n_proc == 1:
+      return new
+    owner = {}
+    for L in sorted({bucket_length(encodings[i].length) for i in new}):
+      ids = [i for i in new if bucket_length(encodings[i].length) == L]
+      for k, share in enumerate(hosts.deal(len(ids), n_proc, cost[ids])):
+        for j in share:
+          owner[ids[j]] = (turn.get(L, 0) + k) % n_proc
+      turn[L] = turn.get(L, 0) + len(ids)
+    for i in new:
+      shares[owner[i]].append(i)
+      if owner[i] != me:
+        del encodings[i]  # another process simulates it
+    return [i for i in new if owner[i] == me]
 
   def take(L: int, ids: list[int], size: int) -> tuple[int, list[int]]:
     """A job of the `size` most expensive of `ids` (removed from it)."""
@@ -200,12 +222,13 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
           copies.setdefault(carrier[encoding], []).append(i)
           continue
         encodings[i] = encoding
-        waiting.setdefault(bucket_length(encoding.length), []).append(i)
         new.append(i)
         n.append(encoding.length)
         keys += [row[1] for row in encoding.instrs]
     cost = np.concatenate([cost, np.zeros(len(out) - first)])
     cost[new] = _costs(table, np.array(n, int), np.array(keys, int))
+    for i in deal(new):
+      waiting.setdefault(bucket_length(encodings[i].length), []).append(i)
     full = []
     for L, ids in sorted(waiting.items()):
       size = batch_size or job_size(L)
@@ -225,8 +248,34 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
       rest.append(take(L, ids, size))
   run(rest)
   _collect(previous, out, copies, iterations, throughput, bar)
+  if n_proc > 1:
+    _gather(out, shares, copies, bar)
   bar.close()
   return out  # type: ignore[return-value]
+
+
+def _gather(out: list, shares: list[list[int]], copies: dict, bar) -> None:
+  """Every process's results written into `out` (each process holds its own share's,
+  and the copies of those)."""
+  mine = shares[hosts.index()]
+  vals = np.array([np.nan if out[i].cycles is None else out[i].cycles for i in mine],
+                  np.float64)
+  codes = np.array([out[i].status for i in mine], np.int32)
+  rows = [np.asarray(s, np.int64) for s in shares]
+  n = max([len(out)] + [int(s.max()) + 1 for s in rows if len(s)])
+  vals, codes = hosts.gather((vals, codes), rows, n)
+  done = 0
+  for p, share in enumerate(shares):
+    if p == hosts.index():
+      continue
+    for i in share:
+      code = int(codes[i])
+      result = Prediction(None, status.message(code), code) if code else \
+          Prediction(float(vals[i]))
+      for j in (i, *copies.get(i, ())):
+        out[j] = result
+        done += 1
+  bar.update(done)
 
 
 def block_encoding(table: Table, block: Block | Exception, supported, renaming, key_of):

@@ -10,7 +10,7 @@ RESULTS.md`, Simulator speed).
 
 A kept program is keyed on everything that shapes it: the function, its static
 arguments (the table's layout, window, budget...), the shapes and dtypes of its inputs,
-the devices and the host CPU's features (an executable is machine code), XLA's
+the devices (and processes, `diffsim.sim.hosts`) and the host CPU's features (an executable is machine code), XLA's
 options, the JAX version and the source of the diffsim code it is traced from
 (`PROGRAM_SOURCES`), so a program is never reused where it would compute something
 else, or could not run.
@@ -171,7 +171,10 @@ def _write(path: Path, blob: bytes) -> None:
 def _key(fn, tree, leaves, static: dict) -> str:
   h = hashlib.blake2b(digest_size=16)
   devices = jax.local_devices()
+  # The devices by id, and the processes: an executable of a one-process run fails to
+  # run in a process of a multi-process run (its devices are numbered apart).
   h.update(repr((jax.__version__, jaxlib.__version__, len(devices), _machine(), _xla_flags(),
+                 [d.id for d in devices], jax.process_count(),
                  source_digest(*sorted({*PROGRAM_SOURCES, _subpackage(fn)})),
                  getattr(fn, "__qualname__", repr(fn)), str(tree),
                  [(np.shape(x), str(np.result_type(x))) for x in leaves],
