@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                  help="a shipped table (`diffsim params --list`) or a JSON table file")
   add_run(p, "total")
   p.add_argument("-o", "--output", metavar="OUT.csv", help="output CSV (default stdout)")
+  p.add_argument("--checkpoint", metavar="DIR",
+                 help="save results job by job in DIR; rerunning the command into it "
+                      "simulates only what is missing (a killed run resumes)")
   add_hosts(p)
   p.set_defaults(func=cmd_simulate)
 

@@ -183,3 +183,13 @@ def agree(flag: bool) -> bool:
   from jax.experimental import multihost_utils
 
   return bool(np.all(multihost_utils.process_allgather(np.int32(bool(flag)))))
+
+
+def same(digest: bytes) -> bool:
+  """True on every process when every process passed the same bytes (of one length)."""
+  if count() == 1:
+    return True
+  from jax.experimental import multihost_utils
+
+  got = np.asarray(multihost_utils.process_allgather(np.frombuffer(digest, np.uint8)))
+  return bool((got == got[:1]).all())

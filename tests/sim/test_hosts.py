@@ -123,3 +123,29 @@ def test_shares_of_a_sweep_cover_every_block(n):
     assert sub.opcode.shape == (size, 8)
     np.testing.assert_array_equal(sub.opcode[:len(s)], batch.opcode[s])
     assert (its[len(s):] == 0).all() and (its[:len(s)] == 100).all()
+
+
+def test_a_checkpointed_run_resumes_and_repeats_nothing(tmp_path, monkeypatch):
+  from diffsim.sim import blocks as sim_blocks
+  from diffsim.sim import simulate_blocks
+
+  table = load_table("haswell")
+  blocks = [parse_asm(a) for a in SMALL] + [parse_asm(SMALL[0]), ValueError("bad")]
+  first = simulate_blocks(table, blocks, checkpoint=tmp_path, batch_size=4)
+  files = sorted(tmp_path.glob("*.npz"))
+  assert len(files) == 2  # one per job of 4 distinct blocks
+  assert first == simulate_blocks(table, blocks)  # a checkpoint changes no result
+
+  launched = []
+  real_launch = sim_blocks.launch
+  monkeypatch.setattr(sim_blocks, "launch", lambda call: launched.append(1) or real_launch(call))
+  assert simulate_blocks(table, blocks, checkpoint=tmp_path, batch_size=4) == first
+  assert not launched  # everything came from the folder
+  files[0].unlink()  # as if killed before its second job was saved
+  (tmp_path / f".{files[1].stem}.tmp.npz").write_bytes(b"half a file")
+  assert simulate_blocks(table, blocks, checkpoint=tmp_path, batch_size=4) == first
+  assert len(launched) == 1
+  # Another table, or other iterations, are another run: nothing is shared with this one.
+  runs = {sim_blocks.Checkpoint(tmp_path / "k", t, n, "total", 1 << 20).run
+          for t in (table, load_table("skylake")) for n in (100, 200)}
+  assert len(runs) == 4
