@@ -14,8 +14,14 @@ import sys
 
 import numpy as np
 
-from diffsim.cli.common import (CliError, add_hosts, enable_compile_cache, load_table_arg,
-                                positive_int, say)
+from diffsim.cli.common import (
+  CliError,
+  add_hosts,
+  enable_compile_cache,
+  load_table_arg,
+  positive_int,
+  say,
+)
 
 
 def add_subcommand(subparsers) -> None:

@@ -343,7 +343,10 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
   val_b = minibatches(table, val.hex, val.y, config.batch_size)[0] if val is not None else []
   evaluate = Evaluator(table, val_b or train_b, window, throw=throw,
                        part="validation" if val_b else "training")
-  init = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), table.params)
+  # Committed to the device the steps run on, as every later table is: a jitted step
+  # compiles again for an uncommitted argument where it saw committed ones.
+  init = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), table.params),
+                        jax.local_devices()[0])
   steps = config.epochs * len(train_b)
   opt = optimizer or optax.adam(optax.cosine_decay_schedule(config.lr, steps, alpha=0.1))
   failed = evaluate.failed  # training rows join the evaluator's (one record)

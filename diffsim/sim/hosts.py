@@ -65,6 +65,20 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
 
 
 _alone = False  # within `alone()`
+# What this process's collectives moved: each sends its payload to every other process
+# (an all-gather), so that every one holds all of them (`benchmarks/scaling.py`).
+TRAFFIC = {"collectives": 0, "bytes_sent": 0, "bytes_received": 0}
+
+
+def _allgather(tree):
+  """`process_allgather` of a pytree of numpy arrays, counted in TRAFFIC."""
+  from jax.experimental import multihost_utils
+
+  size = sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree))
+  TRAFFIC["collectives"] += 1
+  TRAFFIC["bytes_sent"] += size
+  TRAFFIC["bytes_received"] += size * (count() - 1)
+  return multihost_utils.process_allgather(tree)
 
 
 def count() -> int:
@@ -125,15 +139,13 @@ def gather(tree, shares: Sequence[np.ndarray], n: int):
   me = index()
   if len(shares) == 1:
     return jax.tree.map(lambda x: _scatter([np.asarray(x)], shares, n), tree)
-  from jax.experimental import multihost_utils
-
   S = max(1, max(len(s) for s in shares))
   leaves, treedef = jax.tree.flatten(tree)
   leaves = [np.asarray(x) for x in leaves]
   # Bytes, padded to the longest share: every process sends the same shape, and
   # float64 or int64 rows cross unchanged (JAX would narrow them without x64).
   raw = [_as_bytes(x, S) for x in leaves]
-  got = multihost_utils.process_allgather(raw)  # [count, S, bytes] per leaf
+  got = _allgather(raw)  # [count, S, bytes] per leaf
   out = []
   for x, g in zip(leaves, got):
     g = np.asarray(g)
@@ -164,12 +176,10 @@ def total(tree):
   in process order, so that every process holds identical bits)."""
   if count() == 1:
     return tree
-  from jax.experimental import multihost_utils
-
   leaves, treedef = jax.tree.flatten(tree)
   leaves = [np.asarray(x) for x in leaves]
   full = [i for i, x in enumerate(leaves) if x.size]  # an empty leaf has no sum to take
-  got = multihost_utils.process_allgather([leaves[i] for i in full])
+  got = _allgather([leaves[i] for i in full])
   for i, g in zip(full, got):
     leaves[i] = np.sum(np.asarray(g), axis=0, dtype=leaves[i].dtype)
   return jax.tree.unflatten(treedef, leaves)
@@ -180,16 +190,12 @@ def agree(flag: bool) -> bool:
   decision, where processes could see different files)."""
   if count() == 1:
     return bool(flag)
-  from jax.experimental import multihost_utils
-
-  return bool(np.all(multihost_utils.process_allgather(np.int32(bool(flag)))))
+  return bool(np.all(_allgather(np.int32(bool(flag)))))
 
 
 def same(digest: bytes) -> bool:
   """True on every process when every process passed the same bytes (of one length)."""
   if count() == 1:
     return True
-  from jax.experimental import multihost_utils
-
-  got = np.asarray(multihost_utils.process_allgather(np.frombuffer(digest, np.uint8)))
+  got = np.asarray(_allgather(np.frombuffer(digest, np.uint8)))
   return bool((got == got[:1]).all())

@@ -18,6 +18,7 @@ else, or could not run.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -64,7 +65,32 @@ def call(fn, args: tuple, static: dict):
     run = _loaded[key, _dir] = (
         _compile(fn, tree, leaves, static) if _dir is None
         else _load_or_compile(fn, tree, leaves, static, _dir / f"{key}.xla"))
+  LAUNCHES[getattr(fn, "__qualname__", repr(fn))] += 1
+  _last[getattr(fn, "__qualname__", repr(fn))] = run
   return run(*leaves)
+
+
+# Programs launched per function in this process: one per job, never one per cycle
+# (the cycle loop runs on the device); `benchmarks/gpu.py` checks it.
+LAUNCHES: collections.Counter = collections.Counter()
+_last: dict[str, Callable] = {}
+
+
+def held() -> int:
+  """Compiled programs this process holds (loaded or compiled): a count that stays put
+  once every shape has run (`benchmarks/gpu.py`'s compile-once check)."""
+  return len(_loaded)
+
+
+def footprint(fn) -> int | None:
+  """Device bytes of the program of `fn` called last: its arguments, outputs and
+  temporaries, by XLA's memory analysis (per device); None where XLA does not say."""
+  run = _last.get(getattr(fn, "__qualname__", repr(fn)))
+  try:
+    m = run.memory_analysis()
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes)
+  except Exception:  # noqa: BLE001 - no program yet, or no analysis on this backend
+    return None
 
 
 def prefetch(fn, args: tuple, static: dict) -> None:
