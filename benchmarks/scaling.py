@@ -133,57 +133,80 @@ def main(argv=None) -> int:
   ap.add_argument("--hosts", type=int, default=16, help="the projection's host count")
   ap.add_argument("--latency-ms", type=float, default=0.5)
   ap.add_argument("--gbits", type=float, default=10.0)
+  ap.add_argument("--no-step-model", action="store_true",
+                  help="skip the 1-process epoch at minibatches of 32 (then a step's fixed "
+                       "cost is taken as what the 2-process run added per step)")
+  ap.add_argument("--report", metavar="DIR", help="only print, from an earlier run's DIR")
   args = ap.parse_args(argv)
-  out = Path(tempfile.mkdtemp(prefix="diffsim-scaling-"))
-  rows = {}
+  out = Path(args.report or tempfile.mkdtemp(prefix="diffsim-scaling-"))
+  rows, small = {}, None
   for k in args.procs:
+    if args.report:
+      rows[k] = [json.loads(p.read_text()) for p in sorted(out.glob(f"k{k}-b128-p*.json"))]
+      continue
     t0 = time.time()
     rows[k] = run(k, args, out, 128)
     print(f"# {k} process(es) done in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-  small = run(1, args, out, 32)[0]["fit"]  # a step's fixed and per-block costs
+  if args.report and (out / "k1-b32-p0.json").exists():
+    small = json.loads((out / "k1-b32-p0.json").read_text())["fit"]
+  elif not args.report and not args.no_step_model:
+    small = run(1, args, out, 32)[0]["fit"]  # a step's fixed and per-block costs
+  rows = {k: v for k, v in rows.items() if v}
+  report(rows, small, args, out)
+  return 0
 
+
+def report(rows: dict, small: dict | None, args, out: Path) -> None:
   cores = len(os.sched_getaffinity(0))
+  one = rows[min(rows)][0]
   print(f"# scaling on this machine: {cores} cores; sweep {args.tables} tables x "
-        f"{args.blocks} blocks (steady, 100 + 200 iterations); fit epoch {args.fit_n} blocks, "
-        "minibatches of 128; times of the second pass (the first compiles)")
+        f"{args.blocks} blocks (steady, 100 + 200 iterations); fit epoch {one['fit']['blocks']} "
+        "blocks, minibatches of 128; times of the second pass (the first compiles)")
   print(f"{'processes':>9} {'cores/proc':>10} {'sweep s':>8} {'pairs/s':>8} {'vs 1':>5} "
-        f"{'sweep MB':>9} {'fit s':>7} {'blocks/s':>9} {'vs 1':>5} {'fit MB/step':>12}")
-  one = rows[args.procs[0]][0]
+        f"{'sweep kB':>9} {'fit s':>7} {'blocks/s':>9} {'vs 1':>5} {'fit kB/step':>12}")
   for k, figs in rows.items():
     sw = max(f["sweep"]["seconds"] for f in figs)  # the run ends with its slowest process
     ft = max(f["fit"]["seconds"] for f in figs)
     f0 = figs[0]
     assert all(f["sweep"]["checksum"] == one["sweep"]["checksum"] for f in figs)
     print(f"{k:9d} {f0['cores']:10d} {sw:8.2f} {f0['sweep']['pairs'] / sw:8.0f} "
-          f"{one['sweep']['seconds'] / sw:5.2f} {f0['sweep']['bytes_received'] / 1e6:9.3f} "
-          f"{ft:7.2f} {f0['fit']['blocks'] / ft:9.0f} {one['fit']['seconds'] / ft:5.2f} "
-          f"{f0['fit']['bytes_received'] / f0['fit']['steps'] / 1e6:12.3f}")
+          f"{one['sweep']['seconds'] / sw:5.2f} {f0['sweep']['bytes_received'] / 1e3:9.1f} "
+          f"{ft:7.2f} {f0['fit']['blocks'] / ft:9.1f} {one['fit']['seconds'] / ft:5.2f} "
+          f"{f0['fit']['bytes_received'] / f0['fit']['steps'] / 1e3:12.1f}")
 
   # The projection to H hosts like this machine.
   H, lat, bw = args.hosts, args.latency_ms / 1e3, args.gbits * 1e9 / 8
   sweep1, fit1 = one["sweep"], one["fit"]
-  two = rows[max(k for k in rows if k > 1)] if len(rows) > 1 else rows[args.procs[0]]
-  colls = two[0]["sweep"]["collectives"]
-  per_pair = two[0]["sweep"]["bytes_sent"] / (sweep1["pairs"] / len(two))  # bytes a pair adds
+  k2 = min((k for k in rows if k > 1), default=None)
+  if k2 is None:
+    print("# (no multi-process run: no projection)")
+    return
+  multi = rows[k2][0]
+  colls = multi["sweep"]["collectives"]
+  per_pair = multi["sweep"]["bytes_sent"] / (sweep1["pairs"] / k2)  # bytes a pair adds
   sweep_h = sweep1["seconds"] / H + colls * lat + per_pair * sweep1["pairs"] * (H - 1) / H / bw
   steps = fit1["steps"]
-  # a + 128 b = one step at 128; a + 32 b = one step at 32
-  t128, t32 = fit1["seconds"] / steps, small["seconds"] / small["steps"]
-  b = (t128 - t32) / (128 - 32)
-  a = t128 - 128 * b
+  t128 = fit1["seconds"] / steps
+  if small is not None:  # a + 128 b = a step of 128 blocks; a + 32 b = one of 32
+    b = (t128 - small["seconds"] / small["steps"]) / (128 - 32)
+    a = t128 - 128 * b
+    how = "from the 1-process epochs at minibatches of 128 and 32"
+  else:  # what distributing added per step, measured, as the fixed part
+    a = max(0.0, (max(f["fit"]["seconds"] for f in rows[k2]) - fit1["seconds"]) / steps)
+    b = (t128 - a) / 128
+    how = f"the fixed part taken as what {k2} processes added per step"
   # What a process sends per step (the gradient, the step's status codes, its share of
   # the epoch's scoring): every other host receives it.
-  grad = two[0]["fit"]["bytes_sent"] / steps
+  grad = multi["fit"]["bytes_sent"] / steps
   fit_h = steps * (a + b * 128 / H + 2 * lat + grad * (H - 1) / bw)
   print(f"\n# projection to {H} hosts like this one ({args.latency_ms} ms per collective, "
         f"{args.gbits} Gbit/s):")
-  print(f"sweep: {sweep1['seconds']:.2f} s -> {sweep_h:.3f} s ({sweep1['seconds'] / sweep_h:.1f}x; "
-        f"{colls} collectives, {per_pair:.1f} bytes per pair)")
+  print(f"sweep: {sweep1['seconds']:.2f} s -> {sweep_h:.3f} s ({sweep1['seconds'] / sweep_h:.1f}x;"
+        f" {colls} collectives, {per_pair:.1f} bytes per pair)")
   print(f"fit epoch: {fit1['seconds']:.2f} s -> {fit_h:.3f} s ({fit1['seconds'] / fit_h:.1f}x; "
-        f"a step costs {1e3 * a:.1f} ms + {1e3 * b:.2f} ms per block; {grad / 1e3:.0f} kB of "
-        f"gradient per host and step)")
+        f"a step costs {1e3 * a:.0f} ms + {1e3 * b:.1f} ms per block, {how}; "
+        f"{grad / 1e3:.0f} kB sent per host and step)")
   print(f"# raw figures: {out}")
-  return 0
 
 
 if __name__ == "__main__":

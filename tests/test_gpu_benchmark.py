@@ -24,7 +24,7 @@ def test_gpu_benchmark_dry_run(tmp_path):
   out = tmp_path / "gpu.json"
   run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--dry-run",
                         "--out", str(out), *mca], env=env, capture_output=True, text=True,
-                       timeout=900, check=False)
+                       timeout=1800, check=False)
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
   record = json.loads(out.read_text())
   assert record["device"]["platform"] == "cpu" and record["dry_run"]

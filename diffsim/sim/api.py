@@ -118,7 +118,7 @@ def simulate(table: Table, batch: BlockBatch, *, iterations: int | np.ndarray = 
   """
   B = batch.opcode.shape[0]
   its = np.broadcast_to(np.asarray(iterations, np.int32), (B,))
-  shares = hosts.deal(B)  # one share per process (`diffsim.sim.hosts`)
+  shares = _shares(table, batch, its)  # one per process (`diffsim.sim.hosts`)
   mine = shares[hosts.index()]
   batch, its = share_rows(batch, its, mine, max(map(len, shares)))
   local = finish(launch(program(table, batch, its, fast_forward=fast_forward,
@@ -145,7 +145,7 @@ def simulate_sweep(table: Table, batch: BlockBatch, *, params: Params, iteration
   """
   B = batch.opcode.shape[0]
   # Blocks are dealt to the processes (`diffsim.sim.hosts`), each crossing all tables.
-  shares = hosts.deal(B)
+  shares = _shares(table, batch, np.full(B, iterations))
   mine = shares[hosts.index()]
   batch, its = share_rows(batch, np.full(B, iterations, np.int32), mine, max(map(len, shares)))
   n_dev = len(jax.local_devices())
@@ -162,6 +162,17 @@ def simulate_sweep(table: Table, batch: BlockBatch, *, params: Params, iteration
   if throw:
     status.check(out.status, what="simulate_sweep")
   return out
+
+
+def _shares(table: Table, batch: BlockBatch, iterations: np.ndarray) -> list[np.ndarray]:
+  """Each process's rows: the most expensive first, dealt in turn (`hosts.deal`; one
+  process: all rows, in order)."""
+  B = batch.opcode.shape[0]
+  if hosts.count() == 1:
+    return [np.arange(B)]
+  from diffsim.sim.blocks import batch_costs
+
+  return hosts.deal(B, cost=batch_costs(table, batch) * np.asarray(iterations))
 
 
 def share_rows(batch: BlockBatch, iterations: np.ndarray, rows: np.ndarray, size: int):

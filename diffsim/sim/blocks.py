@@ -61,6 +61,12 @@ def _costs(table: Table, n: np.ndarray, keys: np.ndarray) -> np.ndarray:
   return np.maximum(per_iteration, 0.25) * n
 
 
+def batch_costs(table: Table, batch) -> np.ndarray:
+  """`cost_estimates` of the blocks of an encoded batch [B]."""
+  valid = np.asarray(batch.valid)
+  return _costs(table, valid.sum(axis=1), np.asarray(batch.opcode)[valid])
+
+
 @collector_paused()
 def _key_indices(table: Table, blocks: Sequence[Block | Exception]) -> list[list[int] | None]:
   """Each block's table key indices (None: a decode failure, an empty block, or a key
@@ -269,6 +275,11 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
   _collect(previous, out, copies, iterations, throughput, bar, saved)
   if n_proc > 1:
     _gather(out, shares, copies, bar)
+  # A copy that arrived after its block's job was collected takes its result now.
+  late = [(i, j) for i, js in copies.items() for j in js if out[j] is None]
+  for i, j in late:
+    out[j] = out[i]
+  bar.update(len(late))
   bar.close()
   return out  # type: ignore[return-value]
 

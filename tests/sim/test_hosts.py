@@ -149,3 +149,14 @@ def test_a_checkpointed_run_resumes_and_repeats_nothing(tmp_path, monkeypatch):
   runs = {sim_blocks.Checkpoint(tmp_path / "k", t, n, "total", 1 << 20).run
           for t in (table, load_table("skylake")) for n in (100, 200)}
   assert len(runs) == 4
+
+
+def test_a_copy_arriving_after_its_block_was_collected_gets_its_result():
+  from diffsim.sim import simulate_chunks
+
+  table = load_table("haswell")
+  a, b = parse_asm(SMALL[0]), parse_asm(SMALL[5])
+  # Jobs of one block: a's job is collected when b's launches, before a's copy arrives.
+  got = simulate_chunks(table, [[a], [b], [b], [a]], batch_size=1)
+  assert [p.cycles for p in got] == [p.cycles for p in simulate_chunks(table, [[a, b, b, a]])]
+  assert None not in [p.cycles for p in got]
