@@ -70,3 +70,57 @@ def _drop_compiled_programs():
   import gc
 
   gc.collect()
+
+
+def free_port() -> int:
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture
+def processes():
+  """Starts `argv` as n processes of one multi-process run on the loopback address
+  (JAX's environment variables name the coordinator, the count and each id) and
+  returns their Popen handles at once; `wait(handles)` collects them, killing all when
+  one fails or the time runs out (the others would wait for it in a collective)."""
+  import subprocess
+  import sys
+
+  started = []
+
+  def start(argv: list[str], n: int, env: dict | None = None) -> list:
+    port = free_port()
+    base = dict(os.environ, **(env or {}))
+    base.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(n))
+    base["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1])] + [p for p in [base.get("PYTHONPATH")] if p])
+    handles = [subprocess.Popen([sys.executable, *argv], env=dict(base, JAX_PROCESS_ID=str(i)),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for i in range(n)]
+    started.extend(handles)
+    return handles
+
+  def wait(handles: list, timeout: float = 600) -> list[str]:
+    import time
+
+    deadline, outs = time.time() + timeout, []
+    try:
+      for h in handles:
+        outs.append(h.communicate(timeout=max(1.0, deadline - time.time()))[0])
+        if h.returncode != 0:
+          raise AssertionError(f"process {len(outs) - 1} failed:\n{outs[-1][-3000:]}")
+    finally:
+      for h in handles:
+        if h.poll() is None:
+          h.kill()
+          h.communicate()
+    return outs
+
+  yield start, wait
+  for h in started:
+    if h.poll() is None:
+      h.kill()
+      h.communicate()

@@ -22,6 +22,11 @@ Throughputs leave the command in BHive's unit, cycles per 100 iterations:
   diffsim params haswell skylake --out-dir diffsim/params/tables
   diffsim params --list
   diffsim fit TRAIN.csv --init znver3 [--val VAL.csv] --out DIR
+
+`simulate`, `eval`, `fit`, `perfvec train` and `search` also run as several processes
+(on one machine or many): start the same command in each, with `--coordinator
+HOST:PORT --num-processes N --process-id I` (or JAX's environment variables, or
+`--cluster` under SLURM); the processes share the work and process 0 writes the output.
 """
 
 from __future__ import annotations
@@ -34,9 +39,9 @@ from collections.abc import Sequence
 
 from diffsim.cli.commands import (cmd_compare, cmd_decode, cmd_eval, cmd_fit, cmd_mca,
                                   cmd_params, cmd_simulate)
-from diffsim.cli.common import (SMALL_LOOP_BYTES, CliError, add_input, add_run,  # noqa: F401
-                                non_negative_int, one_blas_thread, positive_int, say,
-                                tune_xla)
+from diffsim.cli.common import (SMALL_LOOP_BYTES, CliError, add_hosts, add_input,  # noqa: F401
+                                add_run, join_hosts, non_negative_int, one_blas_thread,
+                                positive_int, say, tune_xla)
 from diffsim.cli.predict import mca_predict, sim_predict  # noqa: F401 (public helpers)
 
 # Subcommands with a module of their own: each defines `add_subcommand(subparsers)`,
@@ -71,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                  help="a shipped table (`diffsim params --list`) or a JSON table file")
   add_run(p, "total")
   p.add_argument("-o", "--output", metavar="OUT.csv", help="output CSV (default stdout)")
+  p.add_argument("--checkpoint", metavar="DIR",
+                 help="save results job by job in DIR; rerunning the command into it "
+                      "simulates only what is missing (a killed run resumes)")
+  add_hosts(p)
   p.set_defaults(func=cmd_simulate)
 
   p = sub.add_parser("eval", help="accuracy against a labelled BHive file")
@@ -81,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                  help="print one JSON object: mape, kendall_tau, within_5pct, n, n_failed")
   # Measured labels are steady-state throughputs, hence the default.
   add_run(p, "steady")
+  add_hosts(p)
   p.set_defaults(func=cmd_eval)
 
   p = sub.add_parser("compare", help="the simulator against llvm-mca on the same blocks")
@@ -146,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--mca", nargs="*", metavar="CPU",
                  help="llvm-mca models to report beside diffsim (default: --init's CPU "
                       "when llvm-mca has it)")
+  add_hosts(p)
   p.set_defaults(func=cmd_fit)
 
   for name in SUBSYSTEM_COMMANDS:
@@ -168,9 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   tune_xla()
   one_blas_thread()
   try:
+    join_hosts(args)  # a multi-process run, when the flags or the environment ask
     return args.func(args)
   except CliError as e:
-    say(f"diffsim {args.command}: error: {e}")
+    print(f"diffsim {args.command}: error: {e}", file=sys.stderr, flush=True)
     return 2
   except BrokenPipeError:
     # `diffsim decode ... | head`: the reader left; that is not an error.

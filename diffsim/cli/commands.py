@@ -56,7 +56,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
   with decoded_in_background(rows) as chunks:  # the table and JAX load meanwhile
     table = load_table_arg(args.params)
     preds = sim_predict_chunks(table, chunks, len(rows), args.iterations, args.throughput,
-                               args.progress)
+                               args.progress, checkpoint=args.checkpoint)
   write_predictions(args.output, [hex_field(r) for r in rows], preds)
   report_failures(f"diffsim --params {args.params}", preds)
   return 0

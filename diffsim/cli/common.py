@@ -89,6 +89,39 @@ def enable_compile_cache() -> None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
+# Set in a process of a multi-process run other than process 0: it computes its share
+# and takes part in every collective, but writes no output and logs nothing.
+_QUIET = False
+
+
+def join_hosts(args: argparse.Namespace) -> bool:
+  """Joins a multi-process run when the command's flags (`add_hosts`) or JAX's
+  environment (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID) ask for one;
+  otherwise does nothing (and imports nothing). Processes other than 0 go quiet."""
+  global _QUIET
+  coordinator = getattr(args, "coordinator", None)
+  num, pid = getattr(args, "num_processes", None), getattr(args, "process_id", None)
+  auto = getattr(args, "cluster", False)
+  if not (coordinator or num is not None or pid is not None or auto
+          or any(os.environ.get(k) for k in HOST_ENV)):
+    return False
+  from diffsim.sim import hosts
+
+  try:
+    joined = hosts.initialize(coordinator, num, pid, auto=auto)
+  except (ValueError, TypeError, RuntimeError) as e:
+    raise CliError(f"cannot join the multi-process run: {e}") from None
+  if joined and not hosts.primary():
+    _QUIET = True
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
+    if hasattr(args, "progress"):
+      args.progress = False
+  return joined
+
+
+HOST_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
 def need_llvm(*names: str) -> None:
   """Fails early, with the install hint, when an LLVM 14 tool is missing."""
   from diffsim.llvmtools import find_llvm_tool
@@ -167,6 +200,8 @@ def decode_hexes(hexes: Sequence[str], progress: bool = False) -> list:
 
 
 def open_out(path: str | None) -> TextIO:
+  if _QUIET:  # process 0 of a multi-process run writes the output
+    return open(os.devnull, "w")
   if path in (None, "-"):
     return sys.stdout
   try:
@@ -175,8 +210,18 @@ def open_out(path: str | None) -> TextIO:
     raise CliError(f"cannot write {path}: {e.strerror}") from None
 
 
+def write_file(path: Path, text: str) -> None:
+  """`path.write_text(text)`, atomically, and only in process 0 of a multi-process run."""
+  if _QUIET:
+    return
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+  tmp.write_text(text)
+  tmp.replace(path)
+
+
 def say(msg: str) -> None:
-  print(msg, file=sys.stderr, flush=True)
+  if not _QUIET:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def fmt(v: float | None) -> str:
@@ -240,6 +285,22 @@ def add_input(p: argparse.ArgumentParser) -> None:
   p.add_argument("--limit", type=positive_int, metavar="N", help="only the first N rows")
   p.add_argument("--progress", action="store_true", default=None,
                  help="progress bars on stderr (default: when stderr is a terminal)")
+
+
+def add_hosts(p: argparse.ArgumentParser) -> None:
+  """The flags of a multi-process run (`join_hosts`, `diffsim.sim.hosts`): start the same
+  command once per process; process 0 writes the output."""
+  g = p.add_argument_group(
+      "multi-process runs", "start the same command in every process (JAX's distributed "
+      "runtime; also from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID); "
+      "process 0 writes the output")
+  g.add_argument("--coordinator", metavar="HOST:PORT",
+                 help="process 0's address, the same in every process")
+  g.add_argument("--num-processes", type=positive_int, metavar="N", help="processes in all")
+  g.add_argument("--process-id", type=non_negative_int, metavar="I",
+                 help="this process's id, 0 to N-1")
+  g.add_argument("--cluster", action="store_true",
+                 help="take what is missing from the cluster launcher (SLURM, Open MPI...)")
 
 
 def add_run(p: argparse.ArgumentParser, throughput: str) -> None:

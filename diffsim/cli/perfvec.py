@@ -20,9 +20,9 @@ import argparse
 import json
 from pathlib import Path
 
-from diffsim.cli.common import (CliError, add_input, decode_rows, enable_compile_cache,
+from diffsim.cli.common import (CliError, add_hosts, add_input, decode_rows, enable_compile_cache,
                                 non_negative_int, positive_int, read_rows, report_failures, say,
-                                write_predictions)
+                                write_file, write_predictions)
 
 PROBES = 1024  # diffsim.perfvec.reuse.PROBES, without importing jax for --help
 
@@ -70,6 +70,7 @@ def add_subcommand(subparsers) -> None:
   p.add_argument("--encoder-blocks", type=positive_int, default=400,
                  help="training blocks that label the encoder's tables (400)")
   p.add_argument("--seed", type=int, default=0)
+  add_hosts(p)  # the label sweeps are shared out
   p.set_defaults(func=cmd_train)
 
   p = sub.add_parser("embed", help="program vectors of blocks (.npy, one row per input row)")
@@ -120,11 +121,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     raise CliError(f"--heldout-app {args.heldout_app}: {path} has no apps column")
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  (out / "experiment.json").write_text(json.dumps(exp.__dict__, indent=1))
+  write_file(out / "experiment.json", json.dumps(exp.__dict__, indent=1))
   try:
     data = build_data(hexes, apps, exp, out / "labels", progress=args.progress, log=say)
   except (OSError, ValueError, KeyError) as e:
     raise CliError(str(e)) from None
+  from diffsim.sim import hosts
+
+  if not hosts.primary():
+    return 0  # the label sweeps were shared out; process 0 trains and writes the model
   if not (data.part == 0).any():
     raise CliError(f"{path}: no block usable for training (need blocks of at most "
                    f"{exp.max_len} instructions that every table can simulate)")

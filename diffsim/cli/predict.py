@@ -45,13 +45,14 @@ def sim_predict(table, blocks: Sequence, iterations: int, throughput: str,
 
 
 def sim_predict_chunks(table, chunks: Iterable[Sequence], total: int, iterations: int,
-                       throughput: str, progress: bool) -> list[tuple[float | None, str | None]]:
+                       throughput: str, progress: bool, checkpoint=None
+                       ) -> list[tuple[float | None, str | None]]:
   """`sim_predict` of `total` blocks that arrive in chunks (`simulate_chunks`)."""
   enable_compile_cache()
   from diffsim.sim import simulate_chunks
 
   preds = simulate_chunks(table, chunks, iterations=iterations, throughput=throughput,
-                          progress=progress, total=total)
+                          progress=progress, total=total, checkpoint=checkpoint)
   return [(p.cycles, p.error) for p in preds]
 
 

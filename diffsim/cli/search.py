@@ -14,7 +14,14 @@ import sys
 
 import numpy as np
 
-from diffsim.cli.common import CliError, enable_compile_cache, load_table_arg, positive_int, say
+from diffsim.cli.common import (
+  CliError,
+  add_hosts,
+  enable_compile_cache,
+  load_table_arg,
+  positive_int,
+  say,
+)
 
 
 def add_subcommand(subparsers) -> None:
@@ -38,14 +45,16 @@ def add_subcommand(subparsers) -> None:
                  help="syntax of the printed assembly (default att)")
   p.add_argument("--progress", action="store_true", default=None,
                  help="progress bar on stderr (default: when stderr is a terminal)")
+  add_hosts(p)  # the enumerations that meta-train Glimpse are shared out
   p.set_defaults(func=cmd_search)
 
 
-def _glimpse_models(task, samples: int, progress: bool):
+def _enumerations(task, samples: int, progress: bool):
+  """Glimpse's training data: the task enumerated on every training table (shared out
+  in a multi-process run)."""
   from diffsim.search.blueprint import blueprint
   from diffsim.search.cpus import training_groups
-  from diffsim.search.evaluate import cache_dir, enumerate_costs_stack
-  from diffsim.search.glimpse import meta_train
+  from diffsim.search.evaluate import enumerate_costs_stack
 
   training = []
   for g in training_groups(samples):
@@ -53,6 +62,13 @@ def _glimpse_models(task, samples: int, progress: bool):
       say(f"enumerating {task.name} on {g.names[0]} and {len(g.names) - 1} sampled tables")
     for t, c in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task)):
       training.append((blueprint(t), c.cost))
+  return training
+
+
+def _glimpse_models(task, training, progress: bool):
+  from diffsim.search.evaluate import cache_dir
+  from diffsim.search.glimpse import meta_train
+
   return meta_train(task, training, steps=900, cache=cache_dir() / "models",
                     log=say if progress else None)
 
@@ -72,11 +88,7 @@ def _intel(text: str) -> str:
 
 def cmd_search(args: argparse.Namespace) -> int:
   enable_compile_cache()
-  from diffsim.search.baselines import METHODS
-  from diffsim.search.blueprint import blueprint
-  from diffsim.search.codegen import assembly
   from diffsim.search.evaluate import Objective
-  from diffsim.search.glimpse import glimpse_search
   from diffsim.search.space import get_task
 
   try:
@@ -96,8 +108,26 @@ def cmd_search(args: argparse.Namespace) -> int:
       bar.update(1)
       bar.set_postfix(best=f"{best:.4f} c/flop" if np.isfinite(best) else "none")
 
+  from diffsim.sim import hosts
+
+  # The enumerations are what is worth sharing out; a multi-process run's other processes
+  # leave after them, and process 0 meta-trains and searches alone (`hosts.alone`).
+  training = _enumerations(task, args.train_samples, bool(args.progress)) \
+      if args.method == "glimpse" else None
+  if not hosts.primary():
+    return 0
+  with hosts.alone():
+    return _search(args, task, table, objective, training, on_step, bar)
+
+
+def _search(args, task, table, objective, training, on_step, bar) -> int:
+  from diffsim.search.baselines import METHODS
+  from diffsim.search.blueprint import blueprint
+  from diffsim.search.codegen import assembly
+  from diffsim.search.glimpse import glimpse_search
+
   if args.method == "glimpse":
-    models = _glimpse_models(task, args.train_samples, bool(args.progress))
+    models = _glimpse_models(task, training, bool(args.progress))
     glimpse_search(task, blueprint(table), objective, args.budget, models=models,
                    seed=args.seed, on_step=on_step)
   else:

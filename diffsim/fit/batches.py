@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from diffsim.isa.decode import decode_blocks
@@ -73,3 +74,23 @@ def minibatches(table: Table, hexes, y, batch_size: int) -> tuple[list[Minibatch
       out.append(Minibatch(L, batch, its, np.asarray(y, np.float32)[rows], weight,
                            np.where(weight > 0, rows, -1)))
   return out, skipped
+
+
+def share(mb: Minibatch, parts: int, index: int) -> tuple[Minibatch, np.ndarray]:
+  """Part `index` of `parts` of a minibatch, for data-parallel steps: its rows dealt in
+  turn (a minibatch is sorted by cost, so every part gets the same mix), padded with
+  zero-weight copies to ceil(B / parts) rows, so that every part has one shape.
+
+  Returns:
+    (the part, its rows' positions in `mb`: [ceil(B / parts)] int, -1 for padding).
+  """
+  B = len(mb.weight)
+  size = -(-B // parts)
+  mine = np.arange(index, B, parts)
+  pos = np.concatenate([mine, np.full(size - len(mine), -1)])
+  take = np.where(pos >= 0, pos, mine[0] if len(mine) else 0)
+  real = pos >= 0
+  sub = Minibatch(mb.length, jax.tree.map(lambda x: np.asarray(x)[take], mb.batch),
+                  mb.iterations[take], mb.y[take], np.where(real, mb.weight[take], 0.0)
+                  .astype(np.float32), np.where(real, mb.rows[take], -1))
+  return sub, pos

@@ -313,11 +313,13 @@ def _save(state_dir, p: dict, best: dict, done: dict) -> None:
   import os
 
   state_dir.mkdir(parents=True, exist_ok=True)
-  tmp = state_dir / "tables.tmp.npz"
+  # (temporary names per process: the processes of a multi-process run write the same)
+  tmp = state_dir / f"tables.{os.getpid()}.tmp.npz"
   np.savez(tmp, **{f"p_{k}": v for k, v in p.items()}, **{f"b_{k}": v for k, v in best.items()})
   os.replace(tmp, state_dir / "tables.npz")
-  (state_dir / "state.tmp.json").write_text(json.dumps(done, indent=1))
-  os.replace(state_dir / "state.tmp.json", state_dir / "state.json")
+  tmp = state_dir / f"state.{os.getpid()}.tmp.json"
+  tmp.write_text(json.dumps(done, indent=1))
+  os.replace(tmp, state_dir / "state.json")
 
 
 def _load(state_dir):

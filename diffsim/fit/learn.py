@@ -7,6 +7,12 @@ of the steady-state throughput. After each step the table is projected back to
 physical values. Every epoch ends with a validation pass, an orbax checkpoint (the
 table, the optimiser state, the best table so far and the history), and early
 stopping on the validation error of the rounded table: the one that is exported.
+
+In a multi-process run (`diffsim.sim.hosts`) every process holds every minibatch and
+takes its part of each (`batches.share`); the parts' gradients are summed across
+processes, so the same seed gives the same table, to float rounding, for any number of
+processes, and an epoch takes 1 / processes as long. The checkpoints then need a
+folder that every process sees (orbax's multi-host checkpointing).
 """
 
 from __future__ import annotations
@@ -22,9 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from diffsim.fit.batches import Minibatch, dynamic_for, minibatches
+from diffsim.fit.batches import Minibatch, dynamic_for, minibatches, share
 from diffsim.params.table import Params, Table
-from diffsim.sim import soft, status
+from diffsim.sim import hosts, soft, status
 from diffsim.sim.api import Schedules, record_schedules
 from diffsim.sim.kernels import DEFAULT_MAX_CYCLES, window_for
 from diffsim.sim.state import DISPATCH, ISSUE, RETIRE
@@ -93,17 +99,21 @@ def _mape(pred, y, weight):
 
 @functools.partial(jax.jit, static_argnames=("layout", "tau", "straight_through", "quantize"))
 def loss_and_grad(params, structure, batch, traces, iterations, y, weight, *, layout, tau,
-                  straight_through, init=None, prior=0.0, quantize=False):
+                  straight_through, init=None, prior=0.0, quantize=False, denominator=None):
   """(soft MAPE, soft predictions, gradient) of a recorded minibatch.
 
   With `init`, the gradient also pulls towards the initial table (a Gaussian prior
   of weight `prior`): parameters the data say nothing about stay where they were,
   and those they say little about move only as far as the evidence carries them.
+  With `denominator`, the error is summed over this batch and divided by it (the
+  whole minibatch's weight, when processes take parts of it: `hosts.total` of the
+  parts' results is then the minibatch's).
   """
   def loss(p):
     q = quantized(p) if quantize else p
     pred = _predict(q, structure, layout, batch, traces, iterations, tau, straight_through)
-    value = _mape(pred, y, weight)
+    value = _mape(pred, y, weight) if denominator is None else \
+        jnp.sum(jnp.abs(pred - y) / y * weight) / denominator
     penalty = 0.0
     if init is not None:
       penalty = prior * sum(jnp.sum((getattr(p, k) - getattr(init, k)) ** 2)
@@ -171,17 +181,43 @@ class Evaluator:
   def __call__(self, params: Params, config: FitConfig) -> dict:
     layout, structure = self.table.layout, self.table.structure
     soft_err, hard_err, weight = 0.0, 0.0, 0.0
-    for mb in self.batches:
-      recorded = record_local(self.table, params, mb, self.window, config.max_cycles)
-      w = replayable(mb, recorded.status, self.throw, self.failed, self.part)
+    for whole in self.batches:
+      # In a multi-process run each process scores its part of every minibatch.
+      mb, recorded, w_all, w = recorded_part(self.table, params, whole, self.window, config,
+                                             self.throw, self.failed, self.part)
       # The float table as it is (before rounding), on the rounded table's schedule.
       pred = np.asarray(soft_predictions(params, structure, layout, mb.batch, recorded.traces,
                                          mb.iterations, config.tau, config.straight_through))
       hard = np.asarray(hard_steady(recorded.traces, mb.batch.length, mb.iterations))
       soft_err += float(np.sum(np.abs(pred - mb.y) / mb.y * w))
       hard_err += float(np.sum(np.abs(hard - mb.y) / mb.y * w))
-      weight += float(w.sum())
-    return dict(soft=soft_err / max(weight, 1), hard=hard_err / max(weight, 1))
+      weight += float(w_all.sum())
+    soft_err, hard_err = hosts.total(np.array([soft_err, hard_err]))
+    return dict(soft=float(soft_err) / max(weight, 1), hard=float(hard_err) / max(weight, 1))
+
+
+def recorded_part(table: Table, params, mb: Minibatch, window: int, config: FitConfig,
+                  throw: bool, failed: dict, part: str):
+  """This process's part of a minibatch, recorded: (the part, its `Schedules`, the whole
+  minibatch's replayable weights [B], the part's [B / processes]).
+
+  Every process learns every part's status, so that all of them raise, or leave
+  blocks out, alike (`replayable`). One process: the whole minibatch.
+  """
+  n = hosts.count()
+  if n == 1:
+    recorded = record_local(table, params, mb, window, config.max_cycles)
+    w = replayable(mb, recorded.status, throw, failed, part)
+    return mb, recorded, w, w
+  sub, pos = share(mb, n, hosts.index())
+  recorded = record_local(table, params, sub, window, config.max_cycles)
+  B = len(mb.weight)
+  mine = pos[pos >= 0]
+  codes = hosts.gather(np.asarray(recorded.status)[:len(mine)],
+                       [np.arange(p, B, n) for p in range(n)], B)
+  w_all = replayable(mb, codes, throw, failed, part)
+  return sub, recorded, w_all, np.where(pos >= 0, w_all[np.maximum(pos, 0)], 0.0).astype(
+      np.float32)
 
 
 @dataclasses.dataclass
@@ -196,6 +232,7 @@ class FitResult:
   # ("training" | "validation", position) -> status code of a block whose hard run
   # failed, so that it was left out of steps or scores (only with throw=False).
   failed: dict = dataclasses.field(default_factory=dict)
+  last: Params | None = None  # the float table after the last epoch run
 
 
 def _bar(items, desc: str, enabled: bool):
@@ -218,7 +255,11 @@ def _bar(items, desc: str, enabled: bool):
 def _leaves(state) -> dict:
   """The checkpointed form of the fit state: its non-empty leaves by position (orbax
   cannot save zero-size arrays, and tables without register files have some)."""
-  return {f"{i:04d}": x for i, x in enumerate(jax.tree.leaves(state)) if np.size(x)}
+  # (On the host in a multi-process run: every process holds the same state, and orbax
+  # would take one-device arrays of several processes for shards of one array.)
+  host = hosts.count() > 1
+  return {f"{i:04d}": np.asarray(x) if host else x
+          for i, x in enumerate(jax.tree.leaves(state)) if np.size(x)}
 
 
 def _restore_or_init(manager, state):
@@ -261,7 +302,8 @@ class EpochCheckpoints:
 
     self.manager.save(epoch, args=ocp.args.StandardSave(_leaves(state)))
     self.manager.wait_until_finished()
-    self.history_file.write_text(json.dumps(history, indent=1))
+    if hosts.primary():  # the processes of a multi-process run share the folder
+      self.history_file.write_text(json.dumps(history, indent=1))
 
   def close(self) -> None:
     self.manager.close()
@@ -301,7 +343,10 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
   val_b = minibatches(table, val.hex, val.y, config.batch_size)[0] if val is not None else []
   evaluate = Evaluator(table, val_b or train_b, window, throw=throw,
                        part="validation" if val_b else "training")
-  init = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), table.params)
+  # Committed to the device the steps run on, as every later table is: a jitted step
+  # compiles again for an uncommitted argument where it saw committed ones.
+  init = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), table.params),
+                        jax.local_devices()[0])
   steps = config.epochs * len(train_b)
   opt = optimizer or optax.adam(optax.cosine_decay_schedule(config.lr, steps, alpha=0.1))
   failed = evaluate.failed  # training rows join the evaluator's (one record)
@@ -310,6 +355,7 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
   checkpoints = EpochCheckpoints(out, log)
   state, history = checkpoints.resume(state)
   n_train = sum(int(mb.weight.sum()) for mb in train_b)
+  n_proc = hosts.count()
   log(f"fitting {len(table.layout.keys)}-opcode table {layout.cpu!r} on {n_train} blocks "
       f"({len(skipped)} skipped), validating on "
       f"{sum(int(mb.weight.sum()) for mb in val_b) if val_b else 'the training'} blocks")
@@ -330,18 +376,24 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
     losses, weights = [], []
     bar = _bar(order, f"epoch {epoch + 1}/{config.epochs}", progress)
     for k in bar:
-      mb = train_b[k]
-      recorded = record_local(table, params, mb, window, config.max_cycles)
-      weight = replayable(mb, recorded.status, throw, failed, "training")
-      value, _, grad = loss_and_grad(params, structure, mb.batch, recorded.traces, mb.iterations,
-                                     mb.y, weight, layout=layout, tau=config.tau,
-                                     straight_through=config.straight_through, init=init,
-                                     prior=config.prior / n_train, quantize=config.quantize)
+      # Data-parallel over processes (`diffsim.sim.hosts`): each takes its part of the
+      # minibatch; the parts' error sums over the minibatch's weight, and their gradients,
+      # add up to the minibatch's, whatever the number of processes. (The prior's pull
+      # is split evenly between them.)
+      mb, recorded, weight_all, weight = recorded_part(table, params, train_b[k], window,
+                                                       config, throw, failed, "training")
+      value, _, grad = loss_and_grad(
+          params, structure, mb.batch, recorded.traces, mb.iterations, mb.y, weight,
+          layout=layout, tau=config.tau, straight_through=config.straight_through, init=init,
+          prior=config.prior / n_train / n_proc, quantize=config.quantize,
+          denominator=None if n_proc == 1 else np.float32(max(weight_all.sum(), 1.0)))
+      if n_proc > 1:
+        value, grad = hosts.total((value, grad))
       grad = _mask_grad(grad, config.trainable)
       updates, opt_state = opt.update(grad, opt_state, params)
       params = project(optax.apply_updates(params, updates), init, window)
       losses.append(float(value))
-      weights.append(float(weight.sum()))
+      weights.append(float(weight_all.sum()))
       bar.set_postfix(mape=f"{float(value):.3f}")
     bar.close()
     scores = evaluate(params, config)
@@ -363,4 +415,4 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
   from diffsim.fit.grow import usage
 
   return FitResult(params=state["best"], table=table, history=history, skipped=skipped,
-                   counts=usage(table, train_b), failed=failed)
+                   counts=usage(table, train_b), failed=failed, last=state["params"])

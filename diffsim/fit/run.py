@@ -15,6 +15,7 @@ from diffsim.fit import grow as growth
 from diffsim.fit.learn import FitConfig, fit
 from diffsim.params.export import to_json
 from diffsim.params.table import Table, from_json, write_json
+from diffsim.sim import hosts
 
 Predictor = Callable[[Sequence], list]  # decoded blocks -> [(cycles or None, error)]
 
@@ -135,8 +136,10 @@ def fit_and_report(table: Table, train, val, test, out: Path, config: FitConfig,
                 source=f"diffsim fit from {init_name} on {n_train} measured blocks"
                        f"{f', grown {applied}' if applied else ''}, "
                        f"{datetime.date.today().isoformat()}")
-  write_json(doc, out / "params.json")
-  if histories:
+  primary = hosts.primary()  # process 0 writes a multi-process run's files
+  if primary:
+    write_json(doc, out / "params.json")
+  if histories and primary:
     plot_history(histories, out / "loss.png")
   learned = from_json(doc)
   target = test if test is not None else val
@@ -149,7 +152,8 @@ def fit_and_report(table: Table, train, val, test, out: Path, config: FitConfig,
     rows = held_out_report(target, runs, decode, subsets)
     report["held_out_results"] = rows
     print(format_report(rows, f"held-out blocks ({held_out}), steady state vs measured:"))
-  (out / "report.json").write_text(json.dumps(report, indent=1, default=float))
+  if primary:
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=float))
   log(f"wrote {out / 'params.json'} (use: --params {out / 'params.json'}), "
       + (f"{out / 'loss.png'}, " if histories else "") + f"{out / 'report.json'}")
   return report

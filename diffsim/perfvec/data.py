@@ -4,8 +4,9 @@ Programs are BHive blocks; microarchitectures are parameter tables: llvm-mca's m
 and tables sampled around them (`diffsim.params.sample`). Labels are the simulator's
 steady-state throughput, 100 * (cycles(2N) - cycles(N)) / N cycles per 100 iterations
 (BHive's definition, as measured data use), from `simulate_sweep`: every sampled table
-of one base crosses every block in one queued, sharded sweep. The sweeps are cached on
-disk chunk by chunk, so an interrupted labelling resumes.
+of one base crosses every block in one queued, sharded sweep (shared out over the
+processes of a multi-process run, `diffsim.sim.hosts`). The sweeps are cached on disk
+chunk by chunk, so an interrupted labelling resumes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -24,7 +26,7 @@ from diffsim.isa.encode import BUCKETS
 from diffsim.isa.ir import Block
 from diffsim.params.sample import sample_params, table_at
 from diffsim.params.table import Params, Table, load_table
-from diffsim.sim import programs
+from diffsim.sim import hosts, programs
 from diffsim.sim.api import encode, simulate_sweep
 from diffsim.sim.blocks import block_error
 
@@ -126,9 +128,10 @@ def sweep_labels(blocks: Sequence[Block], uarchs: Sequence[Uarch], cache_dir: Pa
     mine = jax.tree.map(lambda x, s=s: x[s:s + chunk], params)
     tag = _digest(blocks, uarchs[s:s + chunk], iterations, (mine, table.structure))
     path = cache_dir / f"labels-{tag}.npy"
-    cached = np.load(path) if path.exists() else None
-    # The key fixes the shape; a file of another shape is damaged: label again.
-    if cached is not None and cached.shape == (min(chunk, P - s), N):
+    cached = _load(path)
+    # The key fixes the shape; a file of another shape is damaged: label again. In a
+    # multi-process run, every process labels the chunk unless all of them have it.
+    if hosts.agree(cached is not None and cached.shape == (min(chunk, P - s), N)):
       out[s:s + chunk] = cached
       bar.update(1)
       continue
@@ -145,7 +148,7 @@ def sweep_labels(blocks: Sequence[Block], uarchs: Sequence[Uarch], cache_dir: Pa
       steady = 100.0 * (c2 - c1) / iterations
       part[:, ids] = np.where((s1 | s2) != 0, np.nan, steady)
     part = part[:min(chunk, P - s)]
-    np.save(path, part)
+    _save(path, part)
     out[s:s + chunk] = part
     done_pairs += part.size
     bar.update(1)
@@ -155,6 +158,22 @@ def sweep_labels(blocks: Sequence[Block], uarchs: Sequence[Uarch], cache_dir: Pa
     log(f"labelled {done_pairs} (uarch, block) pairs of {uarchs[0].base} in {dt:.1f} s: "
         f"{done_pairs / dt:.0f} pairs/s")
   return out
+
+
+def _load(path: Path) -> np.ndarray | None:
+  """A saved chunk, or None where there is none or it cannot be read."""
+  try:
+    return np.load(path)
+  except (OSError, ValueError, EOFError):
+    return None
+
+
+def _save(path: Path, part: np.ndarray) -> None:
+  """Atomically (written aside, then renamed), so that a process killed while writing
+  leaves no half chunk, and processes that share the folder never read one."""
+  tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npy")
+  np.save(tmp, part)
+  tmp.replace(path)
 
 
 def _bar(total: int, desc: str, enabled: bool):

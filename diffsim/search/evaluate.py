@@ -85,8 +85,10 @@ def enumerate_costs(table, task: Task, *, cache: bool = True) -> Costs:
   Simulated as a one-table `enumerate_costs_stack`: one program at the task's longest
   length, rather than one per length bucket, since compiling dominates.
   """
+  from diffsim.sim import hosts
+
   hit = _read(cache_dir() / f"{task.name}-{table_fingerprint(table)}.json", task)
-  if cache and hit is not None:
+  if cache and hosts.agree(hit is not None):
     return hit
   stacked = jax.tree.map(lambda x: np.asarray(x)[None], table.params)
   return enumerate_costs_stack(table, stacked, task, cache=cache)[0]
@@ -109,7 +111,7 @@ def enumerate_costs_stack(base, stacked, task: Task, *, cache: bool = True) -> l
   """
   from diffsim.isa.encode import BUCKETS
   from diffsim.params.sample import table_at
-  from diffsim.sim import encode, simulate_sweep, status
+  from diffsim.sim import encode, hosts, simulate_sweep, status
   from diffsim.sim.blocks import block_error
 
   P = int(np.shape(stacked.dispatch_width)[0])
@@ -117,7 +119,8 @@ def enumerate_costs_stack(base, stacked, task: Task, *, cache: bool = True) -> l
   paths = [cache_dir() / f"{task.name}-{table_fingerprint(t)}.json" for t in tables]
   if cache:
     hits = [_read(p, task) for p in paths]
-    if all(h is not None for h in hits):
+    # (a multi-process run simulates unless every process has every table cached)
+    if hosts.agree(all(h is not None for h in hits)):
       return hits
   errors = static_errors(task)
   ids = [i for i, e in enumerate(errors) if e is None]
@@ -155,9 +158,10 @@ def enumerate_costs_stack(base, stacked, task: Task, *, cache: bool = True) -> l
 
 def _read(path: Path, task: Task) -> Costs | None:
   """A cached enumeration of `task`, or None when there is none of the right size."""
-  if not path.exists():
+  try:
+    doc = json.loads(path.read_text())
+  except (OSError, ValueError):
     return None
-  doc = json.loads(path.read_text())
   if len(doc["cost"]) != task.size:
     return None
   return Costs(np.array([np.nan if c is None else c for c in doc["cost"]]),
@@ -166,7 +170,7 @@ def _read(path: Path, task: Task) -> Costs | None:
 
 def _write(path: Path, table, task: Task, costs: Costs) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".tmp")
+  tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes may share the folder
   tmp.write_text(json.dumps({
     "cpu": table.layout.cpu, "task": task.name,
     "cost": [None if not np.isfinite(c) else float(c) for c in costs.cost],

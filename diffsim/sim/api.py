@@ -11,7 +11,8 @@ code comes back. `encode` turns decoded blocks into a batch for a table.
 shape) and vmapped over blocks; `simulate_sweep` adds a second vmap over a batch of
 parameter tables. Both shard the block axis over every local device with
 `shard_map`, so each device runs its own cycle loop without synchronising
-(`diffsim.sim.kernels`). Decoded blocks end to end: `diffsim.sim.blocks`.
+(`diffsim.sim.kernels`); in a multi-process run (`diffsim.sim.hosts.initialize`) each
+process first takes its share of the blocks, and every process gets all results. Decoded blocks end to end: `diffsim.sim.blocks`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from diffsim.isa import encode as isa_encode
 from diffsim.isa.encode import BlockBatch, renaming_for
 from diffsim.isa.ir import Block
 from diffsim.params.table import Params, Table
-from diffsim.sim import programs, soft, status
+from diffsim.sim import hosts, programs, soft, status
 from diffsim.sim.dispatch import group_for
 from diffsim.sim.kernels import (DEFAULT_MAX_CYCLES, finish, launch, mesh, pad_batch, program,
                                  record_jobs, sweep_jobs, trace_one, window_for)
@@ -115,8 +116,14 @@ def simulate(table: Table, batch: BlockBatch, *, iterations: int | np.ndarray = 
   >>> simulate(table, batch, iterations=100)
   Cycles(total=array([403], dtype=int32), status=array([0], dtype=int32))
   """
-  out = Cycles(*finish(launch(program(table, batch, iterations, fast_forward=fast_forward,
-                                      max_cycles=max_cycles, slots=slots, window=window))))
+  B = batch.opcode.shape[0]
+  its = np.broadcast_to(np.asarray(iterations, np.int32), (B,))
+  shares = _shares(table, batch, its)  # one per process (`diffsim.sim.hosts`)
+  mine = shares[hosts.index()]
+  batch, its = share_rows(batch, its, mine, max(map(len, shares)))
+  local = finish(launch(program(table, batch, its, fast_forward=fast_forward,
+                                max_cycles=max_cycles, slots=slots, window=window)))
+  out = Cycles(*hosts.gather(tuple(x[:len(mine)] for x in local), shares, B))
   if throw:
     status.check(out.status, what="simulate")
   return out
@@ -137,20 +144,46 @@ def simulate_sweep(table: Table, batch: BlockBatch, *, params: Params, iteration
     Cycles(total [P, B] int32, status [P, B] int32) as numpy arrays.
   """
   B = batch.opcode.shape[0]
+  # Blocks are dealt to the processes (`diffsim.sim.hosts`), each crossing all tables.
+  shares = _shares(table, batch, np.full(B, iterations))
+  mine = shares[hosts.index()]
+  batch, its = share_rows(batch, np.full(B, iterations, np.int32), mine, max(map(len, shares)))
   n_dev = len(jax.local_devices())
   # The flattened job axis (P x B) is sharded, so B is padded to the device count.
-  batch_p, its = pad_batch(jax.tree.map(np.asarray, batch), np.full(B, iterations, np.int32),
-                            n_dev)
+  batch_p, its = pad_batch(batch, its, n_dev)
   window = window_for(params.rob_size)
   params = jax.tree.map(np.asarray, params)  # on the host, as in `simulate`
   cycles, codes = programs.call(
       sweep_jobs, (params, table.structure, batch_p, its),
       dict(layout=table.layout, window=window, max_cycles=max_cycles, slots=slots,
            group=group_for(params.dispatch_width)))
-  out = Cycles(np.asarray(cycles)[:, :B], np.asarray(codes)[:, :B])
+  local = (np.asarray(cycles)[:, :len(mine)].T, np.asarray(codes)[:, :len(mine)].T)
+  out = Cycles(*(x.T for x in hosts.gather(local, shares, B)))
   if throw:
     status.check(out.status, what="simulate_sweep")
   return out
+
+
+def _shares(table: Table, batch: BlockBatch, iterations: np.ndarray) -> list[np.ndarray]:
+  """Each process's rows: the most expensive first, dealt in turn (`hosts.deal`; one
+  process: all rows, in order)."""
+  B = batch.opcode.shape[0]
+  if hosts.count() == 1:
+    return [np.arange(B)]
+  from diffsim.sim.blocks import batch_costs
+
+  return hosts.deal(B, cost=batch_costs(table, batch) * np.asarray(iterations))
+
+
+def share_rows(batch: BlockBatch, iterations: np.ndarray, rows: np.ndarray, size: int):
+  """(batch, iterations) of `rows` (a process's share), on the host, padded to `size`
+  rows with zero-iteration copies (which finish at once), so that every process runs
+  the same shapes, hence one compiled program."""
+  rows = np.asarray(rows, np.int64)
+  pad = np.full(size - len(rows), rows[0] if len(rows) else 0)
+  take = np.concatenate([rows, pad]).astype(np.int64)
+  its = np.concatenate([np.asarray(iterations, np.int32)[rows], np.zeros(len(pad), np.int32)])
+  return jax.tree.map(lambda x: np.asarray(x)[take], batch), its
 
 
 def timeline(table: Table, block: Block, iterations: int = 10):

@@ -10,6 +10,9 @@ later chunks are still produced.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import jax
@@ -20,7 +23,7 @@ from diffsim.isa.encode import (BUCKETS, Encoding, assemble, bucket_length, enco
 from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import Block
 from diffsim.params.table import Table
-from diffsim.sim import programs, status
+from diffsim.sim import hosts, programs, status
 from diffsim.sim.kernels import DEFAULT_MAX_CYCLES, finish, launch, program, simulate_jobs
 
 
@@ -56,6 +59,12 @@ def _costs(table: Table, n: np.ndarray, keys: np.ndarray) -> np.ndarray:
   slowest = np.maximum.reduceat(latency.reshape(latency.shape[0], -1).max(axis=1)[keys], starts)
   per_iteration = np.maximum(uops / float(table.params.dispatch_width), slowest / 2.0)
   return np.maximum(per_iteration, 0.25) * n
+
+
+def batch_costs(table: Table, batch) -> np.ndarray:
+  """`cost_estimates` of the blocks of an encoded batch [B]."""
+  valid = np.asarray(batch.valid)
+  return _costs(table, valid.sum(axis=1), np.asarray(batch.opcode)[valid])
 
 
 @collector_paused()
@@ -103,7 +112,8 @@ def job_size(length: int) -> int:
 
 def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterations: int = 100,
                     throughput: str = "total", max_cycles: int = DEFAULT_MAX_CYCLES,
-                    batch_size: int | None = None, progress: bool = False) -> list[Prediction]:
+                    batch_size: int | None = None, progress: bool = False,
+                    checkpoint: str | Path | None = None) -> list[Prediction]:
   """Simulates decoded blocks; each result or error lands at its block's position.
 
   Args:
@@ -115,6 +125,9 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
       "steady" (100 * (cycles(2N) - cycles(N)) / N: BHive's steady-state definition).
     max_cycles: static cycle budget of each run, as in `simulate`.
     batch_size: blocks per compiled call (default `job_size` the bucket length).
+    checkpoint: a folder where each job's results are saved as it completes
+      (`Checkpoint`); a rerun into it simulates only what is not there yet, with any
+      number of processes.
 
   Returns:
     One Prediction per input, in input order; cycles are per 100 iterations. A block
@@ -126,13 +139,15 @@ def simulate_blocks(table: Table, blocks: Sequence[Block | Exception], *, iterat
   [Prediction(cycles=303.0, error=None, status=0)]
   """
   return simulate_chunks(table, [blocks], iterations=iterations, throughput=throughput,
-                         max_cycles=max_cycles, batch_size=batch_size, progress=progress)
+                         max_cycles=max_cycles, batch_size=batch_size, progress=progress,
+                         checkpoint=checkpoint)
 
 
 def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]], *,
                     iterations: int = 100, throughput: str = "total",
                     max_cycles: int = DEFAULT_MAX_CYCLES, batch_size: int | None = None,
-                    progress: bool = False, total: int | None = None) -> list[Prediction]:
+                    progress: bool = False, total: int | None = None,
+                    checkpoint: str | Path | None = None) -> list[Prediction]:
   """`simulate_blocks` of the blocks of `chunks` in order, as they arrive (from a decoder
   that yields them chunk by chunk): a job starts as soon as its bucket holds a full
   job's blocks, so the devices simulate while later chunks are still being produced.
@@ -142,7 +157,7 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
   blocks (`cost_estimates`). A block whose encoding an earlier block already has is
   not simulated again: it takes that block's result (BHive's blocks often differ only
   in registers, immediates or displacements). `total`: the number of blocks to come,
-  if known, for the progress bar.
+  if known, for the progress bar. `checkpoint`: as in `simulate_blocks`.
   """
   if throughput not in ("total", "steady"):
     raise ValueError(f"throughput must be 'total' or 'steady', not {throughput!r}")
@@ -155,7 +170,33 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
   waiting: dict[int, list[int]] = {}  # bucket length -> blocks not yet in a job
   cost = np.zeros(0)  # per block, `cost_estimates`
   bar = _progress(progress, total)
+  saved = Checkpoint(checkpoint, table, iterations, throughput, max_cycles) \
+      if checkpoint is not None else None
   previous = None  # the job on the devices, collected when the next one launches
+  # Across processes (`diffsim.sim.hosts`): every process sees every block, and deals
+  # each chunk's new encodings of a bucket, most expensive first, in turn.
+  n_proc, me = hosts.count(), hosts.index()
+  shares: list[list[int]] = [[] for _ in range(n_proc)]  # blocks each process simulates
+  turn: dict[int, int] = {}  # bucket length -> encodings dealt so far
+
+  def deal(new: list[int]) -> list[int]:
+    """This process's blocks of `new`, in input order (all of them in one process)."""
+    if n_proc == 1:
+      return new
+    owner = {}
+    for L in sorted({bucket_length(encodings[i].length) for i in new}):
+      ids = [i for i in new if bucket_length(encodings[i].length) == L]
+      for k, share in enumerate(hosts.deal(len(ids), n_proc, cost[ids])):
+        for j in share:
+          owner[ids[j]] = (turn.get(L, 0) + k) % n_proc
+      turn[L] = turn.get(L, 0) + len(ids)
+    for i in new:
+      shares[owner[i]].append(i)
+      if owner[i] != me:
+        del encodings[i]  # another process simulates it
+        if saved is not None:
+          del saved.keys[i]
+    return [i for i in new if owner[i] == me]
 
   def take(L: int, ids: list[int], size: int) -> tuple[int, list[int]]:
     """A job of the `size` most expensive of `ids` (removed from it)."""
@@ -181,7 +222,7 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
     for k in range(len(jobs)):
       (ids, call), ahead = ahead, prepare(k + 1)
       started = ids, launch(call)
-      _collect(previous, out, copies, iterations, throughput, bar)
+      _collect(previous, out, copies, iterations, throughput, bar, saved)
       previous = started
 
   for chunk in chunks:
@@ -195,17 +236,24 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
           out.append(Prediction(None, encoding))
           bar.update(1)  # a row with an error is done
           continue
+        if saved is not None and (done := saved.result(encoding)) is not None:
+          out.append(done)  # simulated by an earlier run
+          bar.update(1)
+          continue
         out.append(None)
         if carrier.setdefault(encoding, i) != i:
           copies.setdefault(carrier[encoding], []).append(i)
           continue
         encodings[i] = encoding
-        waiting.setdefault(bucket_length(encoding.length), []).append(i)
+        if saved is not None:
+          saved.keys[i] = saved.key(encoding)
         new.append(i)
         n.append(encoding.length)
         keys += [row[1] for row in encoding.instrs]
     cost = np.concatenate([cost, np.zeros(len(out) - first)])
     cost[new] = _costs(table, np.array(n, int), np.array(keys, int))
+    for i in deal(new):
+      waiting.setdefault(bucket_length(encodings[i].length), []).append(i)
     full = []
     for L, ids in sorted(waiting.items()):
       size = batch_size or job_size(L)
@@ -224,9 +272,40 @@ def simulate_chunks(table: Table, chunks: Iterable[Sequence[Block | Exception]],
     while ids:
       rest.append(take(L, ids, size))
   run(rest)
-  _collect(previous, out, copies, iterations, throughput, bar)
+  _collect(previous, out, copies, iterations, throughput, bar, saved)
+  if n_proc > 1:
+    _gather(out, shares, copies, bar)
+  # A copy that arrived after its block's job was collected takes its result now.
+  late = [(i, j) for i, js in copies.items() for j in js if out[j] is None]
+  for i, j in late:
+    out[j] = out[i]
+  bar.update(len(late))
   bar.close()
   return out  # type: ignore[return-value]
+
+
+def _gather(out: list, shares: list[list[int]], copies: dict, bar) -> None:
+  """Every process's results written into `out` (each process holds its own share's,
+  and the copies of those)."""
+  mine = shares[hosts.index()]
+  vals = np.array([np.nan if out[i].cycles is None else out[i].cycles for i in mine],
+                  np.float64)
+  codes = np.array([out[i].status for i in mine], np.int32)
+  rows = [np.asarray(s, np.int64) for s in shares]
+  n = max([len(out)] + [int(s.max()) + 1 for s in rows if len(s)])
+  vals, codes = hosts.gather((vals, codes), rows, n)
+  done = 0
+  for p, share in enumerate(shares):
+    if p == hosts.index():
+      continue
+    for i in share:
+      code = int(codes[i])
+      result = Prediction(None, status.message(code), code) if code else \
+          Prediction(float(vals[i]))
+      for j in (i, *copies.get(i, ())):
+        out[j] = result
+        done += 1
+  bar.update(done)
 
 
 def block_encoding(table: Table, block: Block | Exception, supported, renaming, key_of):
@@ -271,9 +350,10 @@ def _padded(rows: int) -> int:
 
 
 @collector_paused()
-def _collect(started, out, copies: dict, iterations: int, throughput: str, bar) -> None:
+def _collect(started, out, copies: dict, iterations: int, throughput: str, bar,
+             saved: Checkpoint | None = None) -> None:
   """Waits for a launched job and writes its rows, and those of their `copies` (and
-  counts them on `bar`)."""
+  counts them on `bar`, and saves them in `saved`)."""
   if started is None:
     return
   ids, launched = started
@@ -284,6 +364,8 @@ def _collect(started, out, copies: dict, iterations: int, throughput: str, bar) 
   else:
     vals = 100.0 * (cyc[m:2 * m] - cyc[:m]) / iterations
     codes = codes[:m] | codes[m:2 * m]
+  if saved is not None:
+    saved.save(ids, vals, codes)
   done = 0
   for i, v, code in zip(ids, vals, codes.tolist()):
     result = (Prediction(None, status.message(code), code) if code else Prediction(float(v)))
@@ -291,6 +373,65 @@ def _collect(started, out, copies: dict, iterations: int, throughput: str, bar) 
       out[j] = result
       done += 1
   bar.update(done)
+
+
+class Checkpoint:
+  """Results saved job by job in a folder, keyed by the encoding simulated and by all
+  that decides its cycles: the table's values, the iterations, the throughput kind, the
+  cycle budget and the simulator's source. A rerun into the folder reads them back, so
+  a killed run loses at most the jobs it had on its devices, and a finished one costs
+  nothing to repeat. Files are written whole or not at all (a rename), so a process
+  killed mid-write leaves none; processes of a multi-process run write their own and,
+  sharing the folder, read all of them back.
+  """
+
+  def __init__(self, folder: str | Path, table: Table, iterations: int, throughput: str,
+               max_cycles: int):
+    self.dir = Path(folder)
+    self.dir.mkdir(parents=True, exist_ok=True)
+    h = hashlib.blake2b(digest_size=8)
+    h.update(repr((iterations, throughput, max_cycles, table.layout.keys,
+                   programs.source_digest(*programs.PROGRAM_SOURCES))).encode())
+    for leaf in jax.tree.leaves((table.params, table.structure)):
+      x = np.ascontiguousarray(leaf)
+      h.update(str((x.dtype.str, x.shape)).encode() + x.tobytes())
+    self.run = h.hexdigest()
+    self.keys: dict[int, bytes] = {}  # block -> its encoding's key, until saved
+    self.known: dict[bytes, tuple[float, int]] = {}
+    for path in sorted(self.dir.glob(f"{self.run}-*.npz")):
+      try:
+        with np.load(path) as z:
+          self.known.update(zip(z["keys"].tolist(), zip(z["vals"].tolist(),
+                                                        z["codes"].tolist())))
+      except (OSError, ValueError, KeyError, EOFError):
+        continue  # damaged: those blocks are simulated again
+    # Processes that see different files would deal different blocks: then none is
+    # taken from the folder.
+    if not hosts.same(hashlib.blake2b(b"".join(sorted(self.known))).digest()):
+      self.known = {}
+    self.written = 0
+
+  @staticmethod
+  def key(encoding: Encoding) -> bytes:
+    return hashlib.blake2b(repr(encoding).encode(), digest_size=16).digest()
+
+  def result(self, encoding: Encoding) -> Prediction | None:
+    if not self.known:
+      return None
+    got = self.known.get(self.key(encoding))
+    if got is None:
+      return None
+    v, code = got
+    return Prediction(None, status.message(code), code) if code else Prediction(float(v))
+
+  def save(self, ids: Sequence[int], vals: np.ndarray, codes: np.ndarray) -> None:
+    keys = np.array([self.keys.pop(i) for i in ids], "S16")
+    path = self.dir / f"{self.run}-{hosts.index()}-{os.getpid()}-{self.written}.npz"
+    tmp = path.with_name(f".{path.stem}.tmp.npz")
+    np.savez(tmp, keys=keys, vals=np.asarray(vals[:len(ids)], np.float64),
+             codes=np.asarray(codes[:len(ids)], np.int32))
+    tmp.replace(path)
+    self.written += 1
 
 
 def _progress(enabled: bool, total: int | None = None):

@@ -10,7 +10,7 @@ RESULTS.md`, Simulator speed).
 
 A kept program is keyed on everything that shapes it: the function, its static
 arguments (the table's layout, window, budget...), the shapes and dtypes of its inputs,
-the devices and the host CPU's features (an executable is machine code), XLA's
+the devices (and processes, `diffsim.sim.hosts`) and the host CPU's features (an executable is machine code), XLA's
 options, the JAX version and the source of the diffsim code it is traced from
 (`PROGRAM_SOURCES`), so a program is never reused where it would compute something
 else, or could not run.
@@ -18,6 +18,7 @@ else, or could not run.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -64,7 +65,32 @@ def call(fn, args: tuple, static: dict):
     run = _loaded[key, _dir] = (
         _compile(fn, tree, leaves, static) if _dir is None
         else _load_or_compile(fn, tree, leaves, static, _dir / f"{key}.xla"))
+  LAUNCHES[getattr(fn, "__qualname__", repr(fn))] += 1
+  _last[getattr(fn, "__qualname__", repr(fn))] = run
   return run(*leaves)
+
+
+# Programs launched per function in this process: one per job, never one per cycle
+# (the cycle loop runs on the device); `benchmarks/gpu.py` checks it.
+LAUNCHES: collections.Counter = collections.Counter()
+_last: dict[str, Callable] = {}
+
+
+def held() -> int:
+  """Compiled programs this process holds (loaded or compiled): a count that stays put
+  once every shape has run (`benchmarks/gpu.py`'s compile-once check)."""
+  return len(_loaded)
+
+
+def footprint(fn) -> int | None:
+  """Device bytes of the program of `fn` called last: its arguments, outputs and
+  temporaries, by XLA's memory analysis (per device); None where XLA does not say."""
+  run = _last.get(getattr(fn, "__qualname__", repr(fn)))
+  try:
+    m = run.memory_analysis()
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes)
+  except Exception:  # noqa: BLE001 - no program yet, or no analysis on this backend
+    return None
 
 
 def prefetch(fn, args: tuple, static: dict) -> None:
@@ -171,7 +197,10 @@ def _write(path: Path, blob: bytes) -> None:
 def _key(fn, tree, leaves, static: dict) -> str:
   h = hashlib.blake2b(digest_size=16)
   devices = jax.local_devices()
+  # The devices by id, and the processes: an executable of a one-process run fails to
+  # run in a process of a multi-process run (its devices are numbered apart).
   h.update(repr((jax.__version__, jaxlib.__version__, len(devices), _machine(), _xla_flags(),
+                 [d.id for d in devices], jax.process_count(),
                  source_digest(*sorted({*PROGRAM_SOURCES, _subpackage(fn)})),
                  getattr(fn, "__qualname__", repr(fn)), str(tree),
                  [(np.shape(x), str(np.result_type(x))) for x in leaves],
