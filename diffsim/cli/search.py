@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from diffsim.cli.common import CliError, enable_compile_cache, load_table_arg, positive_int, say
+from diffsim.cli.common import CliError, enable_compile_cache, positive_int, say
 
 
 def add_subcommand(subparsers) -> None:
@@ -32,9 +32,11 @@ def add_subcommand(subparsers) -> None:
   p.add_argument("task", choices=sorted(TASKS), metavar="TASK",
                  help=f"the kernel: {', '.join(sorted(TASKS))}")
   p.add_argument("--target", metavar="CPU_OR_PARAMS.json",
-                 help="a shipped table (haswell, skylake, znver3, zen5, graniterapids...) or a "
-                      "JSON table file (`diffsim fit`'s); needed unless --measure, which "
-                      "defaults to the shipped table closest to this CPU")
+                 help="a shipped table (haswell, skylake, znver3, zen5, graniterapids...), one "
+                      "changed in what binds (zen5/narrow, skylake/fp-half...: "
+                      "diffsim.search.cpus.VARIANTS) or a JSON table file (`diffsim fit`'s); "
+                      "needed unless --measure, which defaults to the shipped table closest "
+                      "to this CPU")
   p.add_argument("--measure", action="store_true",
                  help="time each candidate on this CPU with the `diffsim measure` harness "
                       "instead of simulating it")
@@ -113,10 +115,12 @@ def _objective(args: argparse.Namespace, task):
     raise CliError("--target is needed (a shipped table or a JSON file), unless --measure")
   elif args.exhaustive:
     raise CliError("--exhaustive goes with --measure")
+  from diffsim.search.cpus import load_cpu
+
   try:
-    table = load_table_arg(target)
-  except CliError as e:
-    raise CliError(str(e).replace("--params", "--target")) from None
+    table = load_cpu(target)
+  except (OSError, ValueError, KeyError) as e:
+    raise CliError(f"--target {target}: {e}") from None
   if args.measure:
     from diffsim.search.blueprint import supported_isas
 

@@ -179,7 +179,10 @@ def measure_space(task: Task, *, isas: Sequence[str], config=None, cache: bool =
   path = path or _space_path(task, ident)
   if cache and path.exists():
     hit = MeasuredSpace.from_json(json.loads(path.read_text()))
-    if tuple(hit.isas) == tuple(isas) and len(hit.costs.cost) == task.size:
+    from diffsim.measure.cpu import same_model
+
+    if (tuple(hit.isas) == tuple(isas) and len(hit.costs.cost) == task.size
+        and same_model(hit.cpu, ident)):
       return hit
   obj = MeasuredObjective(task, isas=isas, config=config)
   obj(range(task.size))

@@ -129,3 +129,22 @@ def heldout_groups(samples: int = 4, *, variants: bool = True) -> list[CpuGroup]
           _group("zen5", 0, 0, with_base=True, variants=kinds),
           _group("skylake", samples, 21, with_base=False),
           _group("zen5", samples, 22, with_base=False)]
+
+
+def load_cpu(name: str):
+  """A shipped table, a JSON table file, or `BASE/VARIANT` (a shipped table changed as
+  `variant_params` says: `zen5/narrow`).
+
+  >>> float(load_cpu("haswell/narrow").params.dispatch_width)
+  2.0
+  """
+  from pathlib import Path
+
+  from diffsim.params.table import Table, load_table
+
+  base, _, kind = name.rpartition("/")
+  if kind in VARIANTS and base and not Path(name).exists():
+    table = load_table(base)
+    return Table(variant_params(table, kind), table.structure, table.layout,
+                 {**table.source, "variant": kind})
+  return load_table(name)

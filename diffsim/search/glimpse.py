@@ -156,12 +156,12 @@ class JointPrior:
     best = int(np.argmax(mean))
     line = mean[best] - np.std(lls[best]) / np.sqrt(len(bps))
     prior = priors[max(i for i in range(len(priors)) if mean[i] >= line)]
-    if not metric or len(bps) < 4 or prior.bandwidth > 100 * scale:
+    if not metric or len(bps) < 4:
       return prior
-    scales = _learn_metric(bps, dists, prior.bandwidth, prior.eps, steps)
-    learned = cls(bps, dists, prior.bandwidth, prior.eps, scales)
-    ll = np.mean([dists[t] @ learned.log_probs(bps[t], exclude=t) for t in range(len(bps))])
-    return learned if ll > mean[priors.index(prior)] else prior
+    # The metric starts from the median distance's bandwidth with every entry at 1;
+    # its log-scales can widen the kernel again where distance says nothing.
+    scales = _learn_metric(bps, dists, scale, prior.eps, steps)
+    return cls(bps, dists, scale, prior.eps, scales)
 
   def log_probs(self, bp, exclude: int | None = None) -> np.ndarray:
     """[C] log-probability of every configuration for a CPU of Blueprint `bp`
