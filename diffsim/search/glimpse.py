@@ -158,9 +158,10 @@ class JointPrior:
     prior = priors[max(i for i in range(len(priors)) if mean[i] >= line)]
     if not metric or len(bps) < 4:
       return prior
-    # The metric starts from the median distance's bandwidth with every entry at 1;
-    # its log-scales can widen the kernel again where distance says nothing.
-    scales = _learn_metric(bps, dists, scale, prior.eps, steps)
+    # The metric starts from the Blueprint's own scaling (every entry about [0, 1]) and
+    # the median distance as bandwidth; learning weighs entries up or down, and can
+    # widen the kernel again.
+    scales = _learn_metric(bps, dists, scale, prior.eps, steps, start=np.ones(bps.shape[1]))
     return cls(bps, dists, scale, prior.eps, scales)
 
   def log_probs(self, bp, exclude: int | None = None) -> np.ndarray:
@@ -178,22 +179,24 @@ class JointPrior:
 
 
 def _learn_metric(bps: np.ndarray, dists: np.ndarray, bandwidth: float, eps: float,
-                  steps: int, shrink: float = 1e-2) -> np.ndarray:
+                  steps: int, *, start: np.ndarray, shrink: float = 1e-2) -> np.ndarray:
   """[D] per-entry scales maximising the leave-one-out log-likelihood of the training
-  CPUs' near-optimal distributions, minus `shrink` x mean(log-scale^2)."""
+  CPUs' near-optimal distributions, minus `shrink` x the mean squared log-ratio to
+  `start` [D]."""
   X = jnp.asarray(bps, jnp.float32)
   Q = jnp.asarray(dists, jnp.float32)
+  log0 = jnp.asarray(np.log(start), jnp.float32)
   T, C = Q.shape
   off = jnp.where(jnp.eye(T, dtype=bool), -1e9, 0.0)
 
-  def loss(log_s, _key):
-    d2 = jnp.sum(jnp.exp(log_s)[None, None, :] * (X[:, None] - X[None]) ** 2, -1)
+  def loss(delta, _key):
+    d2 = jnp.sum(jnp.exp(log0 + delta)[None, None, :] * (X[:, None] - X[None]) ** 2, -1)
     w = jax.nn.softmax(-0.5 * d2 / bandwidth ** 2 + off, axis=1)
     ll = jnp.sum(Q * jnp.log((1 - eps) * (w @ Q) + eps / C), 1)  # [T]
-    return -jnp.mean(ll) + shrink * jnp.mean(log_s ** 2)
+    return -jnp.mean(ll) + shrink * jnp.mean(delta ** 2)
 
-  log_s, _ = _fit(loss, jnp.zeros(X.shape[1]), steps, 0.05, jax.random.PRNGKey(0))
-  return np.exp(np.asarray(log_s, np.float64))
+  delta, _ = _fit(loss, jnp.zeros(X.shape[1]), steps, 0.05, jax.random.PRNGKey(0))
+  return np.exp(np.log(start) + np.asarray(delta, np.float64))
 
 
 def gp_stats(x, obs_x, obs_r, obs_mask):
