@@ -47,6 +47,10 @@ def main() -> None:
   ap.add_argument("--steps", type=int, default=900, help="meta-training steps per model")
   ap.add_argument("--quick", action="store_true", help="toy run: dot, 2 CPUs, 2 seeds")
   ap.add_argument("--json", metavar="FILE", help="also write every trial as JSON")
+  ap.add_argument("--focus", action="store_true",
+                  help="run the blind baselines (random, AutoTVM, BO) only on skylake, zen5 "
+                       "and where transfer's first pick is more than 2%% off (the rest: "
+                       "Glimpse and transfer only; 2 cores cannot afford more)")
   ap.add_argument("--no-variants", action="store_true",
                   help="neither train nor test on the variants (the earlier setting)")
   args = ap.parse_args()
@@ -83,7 +87,7 @@ def main() -> None:
   print(f"# machine: {platform.node()} {os.cpu_count()} cores; jax {jax.__version__} "
         f"{jax.devices()[0].device_kind}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
   print(f"# training CPUs: {sum(len(g.names) for g in train)} "
-        f"({', '.join(g.names[0] + f' +{len(g.names) - 1} sampled' for g in train)})")
+        f"({', '.join(g.names[0] + f' +{len(g.names) - 1} variants and sampled' for g in train)})")
   print(f"# held-out CPUs: {', '.join(held_names)}")
   print(f"# budget {args.budget}, seeds {args.seeds}, target: within 2% of the optimum\n")
   results = []
@@ -121,6 +125,10 @@ def main() -> None:
       row = (f"{name:<20} {int(costs.valid.sum()):>5} {costs.optimum:>10.4f} {rank:>8} "
              f"{pick:>8.3f} ")
       for m in args.methods:
+        if (args.focus and not moved and name not in ("skylake", "zen5")
+            and m not in ("glimpse", "transfer")):
+          row += f"{'-':>14} {'':>5} {'':>7} "
+          continue
         trials = [run_trial(m, task, costs, budget=args.budget, seed=s, bp=bp, models=models,
                             training_costs=training_costs)
                   for s in range(args.seeds)]
@@ -145,11 +153,12 @@ def main() -> None:
         print(f"{task_name:<6} none")
         continue
       runs = summary[(task_name, args.methods[0], *subset)]
-      means = {m: float(np.mean(summary[(task_name, m, *subset)])) for m in args.methods}
+      means = {m: float(np.mean(summary[(task_name, m, *subset)])) for m in args.methods
+               if len(summary.get((task_name, m, *subset), ())) == len(runs)}
       line = f"{task_name:<6} ({len(runs)} CPUs) " + " ".join(
           f"{m} {v:.1f}" for m, v in means.items())
-      if "glimpse" in means and baselines:
-        best = min(baselines, key=lambda m: means[m])
+      if "glimpse" in means and any(m in means for m in baselines):
+        best = min((m for m in baselines if m in means), key=lambda m: means[m])
         ratio = means[best] / means["glimpse"]
         ratios.append(ratio)
         line += f"  | best baseline {best}: {ratio:.2f}x glimpse's evaluations"

@@ -14,6 +14,11 @@ The kernels advance their pointers, and the harness runs each block unrolled up 
 again on each repeat: what is measured is the loop streaming from L1 (a block whose
 walk touches more than `MeasureConfig.max_pages` pages is rejected, as any block is).
 
+Only the ISAs of the blueprint's table are searched: Glimpse's models and the validity
+ensemble know a CPU through its table, and no shipped table has AVX-512 opcodes (their
+keys come from the BHive corpus), so AVX-512 configurations are invalid here even on a
+CPU that runs them.
+
 `measure_space` times every valid configuration (the exhaustive measured run) and
 caches it per CPU and task, so that a search can say how far its pick is from the best
 measured. Nothing here simulates; the blueprint that guides Glimpse comes from a table
