@@ -95,10 +95,11 @@ def main() -> None:
   for task_name in args.tasks:
     task = get_task(task_name)
     t0 = time.time()
-    training = []
+    training, families = [], []
     for g in train:
       for t, c in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task)):
         training.append((blueprint(t), c.cost))
+        families.append(g.names[0])
     held_costs = {}
     for g in held:
       if any(gg is g for gg, _ in held_groups):
@@ -106,7 +107,8 @@ def main() -> None:
           held_costs[(id(g), i)] = c
     t_enum = time.time() - t0
     t0 = time.time()
-    models = meta_train(task, training, steps=args.steps, cache=cache / "models")
+    models = meta_train(task, training, steps=args.steps, cache=cache / "models",
+                        families=families)
     training_costs = np.stack([c for _, c in training])
     t_meta = time.time() - t0
     print(f"## {task_name}: {task.size} configurations; enumeration {t_enum:.0f} s "

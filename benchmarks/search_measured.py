@@ -96,12 +96,14 @@ def main() -> None:
     costs = Costs(cost, errors)
     valid = costs.valid
     sim = enumerate_costs(table, task)
-    training = []
+    training, families = [], []
     for g in training_groups():
       for t, c in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task)):
         training.append((blueprint(t), c.cost))
+        families.append(g.names[0])
     training_costs = np.stack([c for _, c in training])
-    models = meta_train(task, training, steps=args.steps, cache=cache / "models")
+    models = meta_train(task, training, steps=args.steps, cache=cache / "models",
+                        families=families)
     opt = int(np.nanargmin(cost))
     sim_opt = int(np.nanargmin(np.where(valid, sim.cost, np.nan)))
     sim_order = np.argsort(np.where(valid, sim.cost, np.inf), kind="stable")

@@ -67,14 +67,15 @@ def _glimpse_models(task, samples: int, progress: bool):
   from diffsim.search.evaluate import cache_dir, enumerate_costs_stack
   from diffsim.search.glimpse import meta_train
 
-  training = []
+  training, families = [], []
   for g in training_groups(samples):
     if progress:
-      say(f"enumerating {task.name} on {g.names[0]} and {len(g.names) - 1} sampled tables")
+      say(f"enumerating {task.name} on {g.names[0]}, its variants and {samples} sampled tables")
     for t, c in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task)):
       training.append((blueprint(t), c.cost))
+      families.append(g.names[0])
   return meta_train(task, training, steps=900, cache=cache_dir() / "models",
-                    log=say if progress else None)
+                    log=say if progress else None, families=families)
 
 
 def _intel(text: str) -> str:

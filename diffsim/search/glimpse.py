@@ -132,7 +132,7 @@ class JointPrior:
 
   @classmethod
   def fit(cls, bps: np.ndarray, costs: np.ndarray, *, metric: bool = True,
-          steps: int = 300) -> JointPrior:
+          families=None, steps: int = 300) -> JointPrior:
     """The bandwidth, then the metric, that predict each training CPU from the others.
 
     Leave-one-out flatters narrow kernels (sampled siblings of a CPU are in its
@@ -161,8 +161,18 @@ class JointPrior:
     # The metric starts from the Blueprint's own scaling (every entry about [0, 1]) and
     # the median distance as bandwidth; learning weighs entries up or down, and can
     # widen the kernel again.
-    scales = _learn_metric(bps, dists, scale, prior.eps, steps, start=np.ones(bps.shape[1]))
-    return cls(bps, dists, scale, prior.eps, scales)
+    fam = np.arange(len(bps)) if families is None else np.unique(families, return_inverse=True)[1]
+    scales = _learn_metric(bps, dists, scale, prior.eps, steps, start=np.ones(bps.shape[1]),
+                           family=fam)
+    learned = cls(bps, dists, scale, prior.eps, scales)
+    if families is None:
+      return learned
+    # Kept only if it predicts each family from the others better than the isotropic
+    # kernel does: the held-out CPUs are new families too.
+    def across(p):
+      return np.mean([dists[t] @ p.log_probs(bps[t], exclude=np.flatnonzero(fam == fam[t]))
+                      for t in range(len(bps))])
+    return learned if across(learned) > across(prior) else prior
 
   def log_probs(self, bp, exclude: int | None = None) -> np.ndarray:
     """[C] log-probability of every configuration for a CPU of Blueprint `bp`
@@ -171,7 +181,7 @@ class JointPrior:
     if self.scales is not None:
       diff2 = diff2 * self.scales
     logw = -0.5 * np.sum(diff2, 1) / self.bandwidth ** 2
-    if exclude is not None:
+    if exclude is not None:  # an index or an array of them
       logw[exclude] = -np.inf
     w = np.exp(logw - logw.max())
     q = (w / w.sum()) @ self.dists
@@ -179,15 +189,17 @@ class JointPrior:
 
 
 def _learn_metric(bps: np.ndarray, dists: np.ndarray, bandwidth: float, eps: float,
-                  steps: int, *, start: np.ndarray, shrink: float = 1e-2) -> np.ndarray:
-  """[D] per-entry scales maximising the leave-one-out log-likelihood of the training
-  CPUs' near-optimal distributions, minus `shrink` x the mean squared log-ratio to
-  `start` [D]."""
+                  steps: int, *, start: np.ndarray, family: np.ndarray,
+                  shrink: float = 1e-2) -> np.ndarray:
+  """[D] per-entry scales maximising the log-likelihood of each training CPU's
+  near-optimal distribution predicted from the CPUs of other families (`family` [T]
+  int; each CPU its own family: leave-one-out), minus `shrink` x the mean squared
+  log-ratio to `start` [D]."""
   X = jnp.asarray(bps, jnp.float32)
   Q = jnp.asarray(dists, jnp.float32)
   log0 = jnp.asarray(np.log(start), jnp.float32)
   T, C = Q.shape
-  off = jnp.where(jnp.eye(T, dtype=bool), -1e9, 0.0)
+  off = jnp.where(jnp.asarray(family[:, None] == family[None, :]), -1e9, 0.0)
 
   def loss(delta, _key):
     d2 = jnp.sum(jnp.exp(log0 + delta)[None, None, :] * (X[:, None] - X[None]) ** 2, -1)
@@ -313,7 +325,7 @@ def models_key(task: Task, training: list[tuple[np.ndarray, np.ndarray]], seed: 
 
 def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, seed: int = 0,
                ensemble: int = 5, episodes: int = 24, steps: int = 1500,
-               cache: Path | None = None, log=None) -> GlimpseModels:
+               cache: Path | None = None, log=None, families=None) -> GlimpseModels:
   """Meta-trains the three models of `task` over training CPUs.
 
   Args:
@@ -324,7 +336,11 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
     episodes: simulated search states per training CPU for the acquisition.
     steps: optimiser steps per model.
     cache: a directory; the models are stored there under a hash of the inputs and
-      loaded instead of trained when present.
+      loaded instead of trained when present (the joint prior is fitted again on
+      loading: it is cheap).
+    families: per training CPU, the base it belongs to (`CpuGroup.names[0]`): the joint
+      prior's metric is learned by predicting each family from the others, as the
+      held-out CPUs are new families (None: leave-one-out).
   """
   log = log or (lambda msg: None)
   path = cache / f"glimpse-{task.name}-{models_key(task, training, seed)}.msgpack" if cache else None
@@ -338,7 +354,7 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   k_prior, k_val, k_acq = jax.random.split(key, 3)
   prior_net, val_net, acq_net = PriorNet(sizes), ValidityNet(), AcquisitionNet()
   extra_dim = 6
-  joint = JointPrior.fit(np.asarray(bps), costs)
+  joint = JointPrior.fit(np.asarray(bps), costs, families=families)
   log(f"joint prior: bandwidth {joint.bandwidth:.3f}")
   templates = {
     "prior": prior_net.init(k_prior, bps[0]),

@@ -149,10 +149,12 @@ def test_learned_metric_finds_the_entry_that_moves_the_optimum(axpy_haswell):
         bps.append([base + jitter, variant])
         costs.append(flipped * (1 + jitter) if variant else cost * (1 + jitter))
   bps, costs = np.array(bps), np.stack(costs)
-  prior = JointPrior.fit(bps, costs, metric=True)
-  assert prior.scales[1] > prior.scales[0]
-  q_plain, q_variant = near_optimal(cost[None])[0], near_optimal(flipped[None])[0]
-  lp = prior.log_probs(np.array([0.6, 0.3]))
-  assert q_variant @ lp > q_plain @ lp + 1.0  # the variant's near-optimal ones, by far
-  lp = prior.log_probs(np.array([0.6, 0.0]))
-  assert q_plain @ lp > q_variant @ lp + 1.0
+  families = [b for b in (0, 1) for _ in range(6)]  # each base with its variant: a family
+  for prior in (JointPrior.fit(bps, costs, metric=True),
+                JointPrior.fit(bps, costs, families=families)):
+    assert prior.scales[1] > prior.scales[0]
+    q_plain, q_variant = near_optimal(cost[None])[0], near_optimal(flipped[None])[0]
+    lp = prior.log_probs(np.array([0.6, 0.3]))
+    assert q_variant @ lp > q_plain @ lp + 1.0  # the variant's near-optimal ones, by far
+    lp = prior.log_probs(np.array([0.6, 0.0]))
+    assert q_plain @ lp > q_variant @ lp + 1.0
