@@ -1,7 +1,14 @@
 """`diffsim search TASK --target CPU_OR_PARAMS.json --budget N`: tune a kernel's knobs.
 
 Searches the task's configurations with the simulator as the cost function and prints
-the best configuration, its assembly and its cost. Glimpse (the default method) needs
+the best configuration, its assembly and its cost. With `--measure` it times each
+candidate on this machine's CPU instead (`diffsim.measure.search`: the `diffsim
+measure` harness, its canaries, passes and rejections), the table (`--target`, by
+default the shipped one closest to this CPU) giving only the blueprint; it prints the
+configuration's measured cycles, its speedup over the untuned default, its distance to
+the best of an exhaustive measured run when one is cached (`--exhaustive` makes one),
+and the command that reproduces it. `--emit c` prints a gemm configuration as a C
+function with intrinsics. Glimpse (the default method) needs
 its meta-trained models: they are loaded from `~/.cache/diffsim/search/models` (or
 `$DIFFSIM_SEARCH_CACHE/models`), and trained there the first time, which enumerates
 the task on every training CPU (minutes; `--train-samples` trades quality for time).
@@ -14,14 +21,7 @@ import sys
 
 import numpy as np
 
-from diffsim.cli.common import (
-  CliError,
-  add_hosts,
-  enable_compile_cache,
-  load_table_arg,
-  positive_int,
-  say,
-)
+from diffsim.cli.common import CliError, add_hosts, enable_compile_cache, positive_int, say
 
 
 def add_subcommand(subparsers) -> None:
@@ -31,8 +31,21 @@ def add_subcommand(subparsers) -> None:
   p = subparsers.add_parser("search", help="tune a kernel's code-generation knobs for a CPU")
   p.add_argument("task", choices=sorted(TASKS), metavar="TASK",
                  help=f"the kernel: {', '.join(sorted(TASKS))}")
-  p.add_argument("--target", required=True, metavar="CPU_OR_PARAMS.json",
-                 help="a shipped table (haswell, skylake, znver3, zen5) or a JSON table file")
+  p.add_argument("--target", metavar="CPU_OR_PARAMS.json",
+                 help="a shipped table (haswell, skylake, znver3, zen5, graniterapids...), one "
+                      "changed in what binds (zen5/narrow, skylake/fp-half...: "
+                      "diffsim.search.cpus.VARIANTS) or a JSON table file (`diffsim fit`'s); "
+                      "needed unless --measure, which defaults to the shipped table closest "
+                      "to this CPU")
+  p.add_argument("--measure", action="store_true",
+                 help="time each candidate on this CPU with the `diffsim measure` harness "
+                      "instead of simulating it")
+  p.add_argument("--exhaustive", action="store_true",
+                 help="with --measure: also measure every valid configuration (cached per "
+                      "CPU and task) and report the pick's distance to the best")
+  p.add_argument("--emit", choices=("asm", "c"), default="asm",
+                 help="print the loop body as assembly (default) or, for gemm, a C function "
+                      "with intrinsics")
   p.add_argument("--budget", type=positive_int, default=30, metavar="N",
                  help="most configurations evaluated (default 30)")
   p.add_argument("--method", choices=ALL_METHODS, default="glimpse",
@@ -50,27 +63,28 @@ def add_subcommand(subparsers) -> None:
 
 
 def _enumerations(task, samples: int, progress: bool):
-  """Glimpse's training data: the task enumerated on every training table (shared out
-  in a multi-process run)."""
+  """Glimpse's training data, the task enumerated on every training table (shared out
+  in a multi-process run), and each table's family (its base CPU)."""
   from diffsim.search.blueprint import blueprint
   from diffsim.search.cpus import training_groups
   from diffsim.search.evaluate import enumerate_costs_stack
 
-  training = []
+  training, families = [], []
   for g in training_groups(samples):
     if progress:
-      say(f"enumerating {task.name} on {g.names[0]} and {len(g.names) - 1} sampled tables")
+      say(f"enumerating {task.name} on {g.names[0]}, its variants and {samples} sampled tables")
     for t, c in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task)):
       training.append((blueprint(t), c.cost))
-  return training
+      families.append(g.names[0])
+  return training, families
 
 
-def _glimpse_models(task, training, progress: bool):
+def _glimpse_models(task, training, families, progress: bool):
   from diffsim.search.evaluate import cache_dir
   from diffsim.search.glimpse import meta_train
 
   return meta_train(task, training, steps=900, cache=cache_dir() / "models",
-                    log=say if progress else None)
+                    log=say if progress else None, families=families)
 
 
 def _intel(text: str) -> str:
@@ -86,17 +100,59 @@ def _intel(text: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-def cmd_search(args: argparse.Namespace) -> int:
-  enable_compile_cache()
+def _objective(args: argparse.Namespace, task):
+  """(table, objective, cpu description or None) for the simulated or measured search."""
   from diffsim.search.evaluate import Objective
-  from diffsim.search.space import get_task
+
+  target, cpu = args.target, None
+  if args.measure:
+    from diffsim.measure.build import MeasureError, check_platform, runner_path
+    from diffsim.measure.cpu import cpu_identity, describe_cpu
+    from diffsim.measure.search import MeasuredObjective, table_for_cpu
+
+    try:
+      check_platform()
+      runner_path()
+    except MeasureError as e:
+      raise CliError(f"--measure: {e}") from None
+    ident = cpu_identity()
+    cpu = describe_cpu(ident)
+    if target is None:
+      target = table_for_cpu(ident)
+      say(f"blueprint from the shipped table {target} (the closest to {cpu}); "
+          "--target names another, or one `diffsim fit` learned from your measurements")
+  elif target is None:
+    raise CliError("--target is needed (a shipped table or a JSON file), unless --measure")
+  elif args.exhaustive:
+    raise CliError("--exhaustive goes with --measure")
+  from diffsim.search.cpus import load_cpu
 
   try:
-    table = load_table_arg(args.target)
-  except CliError as e:
-    raise CliError(str(e).replace("--params", "--target")) from None
+    table = load_cpu(target)
+  except (OSError, ValueError, KeyError) as e:
+    raise CliError(f"--target {target}: {e}") from None
+  if args.measure:
+    from diffsim.search.blueprint import supported_isas
+
+    return table, MeasuredObjective(task, isas=supported_isas(table)), cpu
+  return table, Objective(task, table=table), None
+
+
+def _reproduce(args: argparse.Namespace, table) -> str:
+  parts = ["diffsim search", args.task, "--target", args.target or table.layout.cpu]
+  parts += ["--measure"] if args.measure else []
+  parts += ["--budget", str(args.budget), "--method", args.method, "--seed", str(args.seed)]
+  return " ".join(parts)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+  enable_compile_cache()
+  from diffsim.search.space import get_task
+
   task = get_task(args.task)
-  objective = Objective(task, table=table)
+  if args.emit == "c" and task.name != "gemm":
+    raise CliError(f"--emit c: C intrinsics are emitted for gemm only, not {task.name}")
+  table, objective, cpu = _objective(args, task)
   bar = None
   if args.progress:
     from tqdm.auto import tqdm
@@ -117,17 +173,17 @@ def cmd_search(args: argparse.Namespace) -> int:
   if not hosts.primary():
     return 0
   with hosts.alone():
-    return _search(args, task, table, objective, training, on_step, bar)
+    return _search(args, task, table, objective, cpu, training, on_step, bar)
 
 
-def _search(args, task, table, objective, training, on_step, bar) -> int:
+def _search(args, task, table, objective, cpu, training, on_step, bar) -> int:
   from diffsim.search.baselines import METHODS
   from diffsim.search.blueprint import blueprint
-  from diffsim.search.codegen import assembly
+  from diffsim.search.codegen import assembly, c_kernel
   from diffsim.search.glimpse import glimpse_search
 
   if args.method == "glimpse":
-    models = _glimpse_models(task, training, bool(args.progress))
+    models = _glimpse_models(task, *training, bool(args.progress))
     glimpse_search(task, blueprint(table), objective, args.budget, models=models,
                    seed=args.seed, on_step=on_step)
   else:
@@ -162,11 +218,47 @@ def _search(args, task, table, objective, training, on_step, bar) -> int:
   config = task.configs[best]
   text = assembly(task, config)
   flops = task.useful_ops(config)
-  print(f"task {task.name} on {table.layout.cpu}: best of {objective.evaluations} evaluations "
-        f"({args.method})")
+  if cpu:
+    print(f"CPU: {cpu}")
+  where = f"this CPU (blueprint {table.layout.cpu})" if cpu else table.layout.cpu
+  print(f"task {task.name} on {where}: best of {objective.evaluations} evaluations "
+        f"({args.method}{', measured' if cpu else ', simulated'})")
   print("config: " + ", ".join(f"{k}={v}" for k, v in task.as_dict(config).items()))
-  print(f"cost: {cost:.4f} cycles per flop ({cost * flops:.2f} cycles per iteration, "
+  what = "measured" if cpu else "cost"
+  print(f"{what}: {cost:.4f} cycles per flop ({cost * flops:.2f} cycles per iteration, "
         f"{flops} flops, {1 / cost:.2f} flops per cycle)")
-  print("assembly:")
-  print(_intel(text) if args.syntax == "intel" else text, end="")
+  if cpu:
+    _measured_report(args, task, objective, best, cost)
+  print(f"reproduce: {_reproduce(args, table)}")
+  if args.emit == "c":
+    print("C:")
+    print(c_kernel(task, config), end="")
+  else:
+    print("assembly (loop body, without its closing branch):")
+    print(_intel(text) if args.syntax == "intel" else text, end="")
   return 0
+
+
+def _measured_report(args: argparse.Namespace, task, objective, best: int, cost: float) -> None:
+  """The default's measured cost and the speedup; the distance to the exhaustive best."""
+  from diffsim.measure.search import cached_space, measure_space
+
+  d = task.configs.index(task.default)
+  seen = dict(objective.history)
+  default = seen[d] if d in seen else float(objective([d])[0])  # measured now if not yet
+  if np.isfinite(default):
+    print(f"default ({', '.join(f'{k}={v}' for k, v in task.as_dict(task.default).items())}): "
+          f"{default:.4f} cycles per flop; the pick is {default / cost:.2f}x faster")
+  space = (measure_space(task, isas=objective.isas) if args.exhaustive
+           else cached_space(task))
+  if space is None or tuple(space.isas) != tuple(objective.isas):
+    say("no exhaustive measured run of this task on this CPU is cached: "
+        "--exhaustive makes one (about a minute for gemm)")
+    return
+  opt = space.costs.optimum
+  i = int(np.nanargmin(space.costs.cost))
+  print(f"exhaustive measured run ({space.date}, {int(space.costs.valid.sum())} configurations): "
+        f"best {opt:.4f} cycles per flop ("
+        + ", ".join(f"{k}={v}" for k, v in task.as_dict(task.configs[i]).items())
+        + f"); the pick measured {cost / opt - 1:+.1%} from it now, "
+        f"{space.costs.cost[best] / opt - 1:+.1%} in that run")

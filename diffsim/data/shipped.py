@@ -23,6 +23,9 @@ SHIPPED = {
   "graniterapids-anchors.csv": "2,022 single instructions measured alone on the Xeon 6 "
                                "(benchmarks/measure_anchors.py); "
                                "hex,cycles_per_100_iterations,spread,error",
+  "search-measured-xeon6.json": "every valid sse/avx2 configuration of the search tasks "
+                                "(gemm, dot, axpy) measured on a Xeon 6; "
+                                "{task: diffsim.measure.search.MeasuredSpace JSON}",
 }
 
 

@@ -200,3 +200,75 @@ def lower_many(task: Task, configs: Sequence[Config]) -> list:
     hexes.append(b"".join(encodings[at:at + len(t)]).hex())
     at += len(t)
   return decode_blocks(hexes)
+
+
+_INTRIN = {  # isa -> (vector type, load, broadcast from memory, fma(a, b, c), add, zero)
+  "sse": ("__m128", "_mm_loadu_ps", "_mm_load1_ps", "_mm_add_ps(_mm_mul_ps({a}, {b}), {c})",
+          "_mm_add_ps", "_mm_setzero_ps", "_mm_storeu_ps"),
+  "avx2": ("__m256", "_mm256_loadu_ps", "_mm256_broadcast_ss", "_mm256_fmadd_ps({a}, {b}, {c})",
+           "_mm256_add_ps", "_mm256_setzero_ps", "_mm256_storeu_ps"),
+  "avx512": ("__m512", "_mm512_loadu_ps", "_mm512_set1_ps(*{p})", "_mm512_fmadd_ps({a}, {b}, {c})",
+             "_mm512_add_ps", "_mm512_setzero_ps", "_mm512_storeu_ps"),
+}
+_CFLAGS = {"sse": "-msse2", "avx2": "-mavx2 -mfma", "avx512": "-mavx512f"}
+
+
+def c_kernel(task: Task, config: Config, *, name: str | None = None) -> str:
+  """The GEMM micro-kernel of `config` as a C function with intrinsics, to paste.
+
+  `name(k, A, B, C, ldc)` adds the product of a packed A panel (k steps of mr x lanes
+  floats, step after step) and a packed B panel (k steps of nr floats) into the
+  column-major tile C[mr x lanes, nr] (leading dimension ldc); k must be a multiple of
+  k_unroll. The register blocking, unroll and accumulator sets are the configuration's;
+  the exact instruction order (`form`, `order`) is the compiler's, so the loop body
+  `assembly` prints is the measured one.
+
+  Raises:
+    ValueError: not a gemm configuration, or one that cannot compile.
+  """
+  if task.name != "gemm":
+    raise ValueError(f"C intrinsics are emitted for gemm only, not {task.name}")
+  err = task.static_error(config)
+  if err:
+    raise ValueError(f"{task.name} {task.as_dict(config)}: {err}")
+  c = task.as_dict(config)
+  isa, mr, nr, ku, sets = c["isa"], c["mr"], c["nr"], c["k_unroll"], c["acc_sets"]
+  lanes = ISAS[isa][1]
+  vec, load, bcast, fma, add, zero, store = _INTRIN[isa]
+  name = name or f"gemm_{isa}_{mr * lanes}x{nr}_k{ku}_s{sets}"
+  acc = lambda s, i, j: f"c{s}_{i}_{j}"  # noqa: E731
+  bc = (lambda p: bcast.format(p=p)) if "{p}" in bcast else (lambda p: f"{bcast}({p})")  # noqa: E731
+  setting = ", ".join(f"{k}={v}" for k, v in c.items())
+  out = [f"/* diffsim search gemm: {setting}.",
+         f"   C[{mr * lanes} x {nr}] (column-major, leading dimension ldc) += A * B over k steps;",
+         f"   A packed {mr * lanes} floats per step, B packed {nr} per step; k % {ku} == 0.",
+         f"   Compile with {_CFLAGS[isa]} (or -march=native). */",
+         "#include <immintrin.h>",
+         f"static inline void {name}(long k, const float *restrict A, const float *restrict B,",
+         f"{' ' * (len(name) + 19)}float *restrict C, long ldc) {{"]
+  for s in range(sets):
+    for i in range(mr):
+      out.append(f"  {vec} " + ", ".join(f"{acc(s, i, j)} = {zero}()" for j in range(nr)) + ";")
+  out.append(f"  for (long p = 0; p < k; p += {ku}) {{")
+  for k in range(ku):
+    s = k % sets
+    out.append(f"    {{  /* k step {k}, accumulator set {s} */")
+    out.append(f"      {vec} " + ", ".join(f"a{i} = {load}(A + {(k * mr + i) * lanes})"
+                                          for i in range(mr)) + ";")
+    for j in range(nr):
+      out.append(f"      {vec} b{j} = {bc(f'B + {k * nr + j}')};")
+      for i in range(mr):
+        out.append(f"      {acc(s, i, j)} = {fma.format(a=f'a{i}', b=f'b{j}', c=acc(s, i, j))};")
+    out.append("    }")
+  out.append(f"    A += {ku * mr * lanes};")
+  out.append(f"    B += {ku * nr};")
+  out.append("  }")
+  for i in range(mr):
+    for j in range(nr):
+      total = acc(0, i, j)
+      for s in range(1, sets):
+        total = f"{add}({total}, {acc(s, i, j)})"
+      at = f"C + {i * lanes} + {j} * ldc"
+      out.append(f"  {store}({at}, {add}({load}({at}), {total}));")
+  out.append("}")
+  return "\n".join(out) + "\n"

@@ -119,21 +119,30 @@ class JointPrior:
   """A prior over whole configurations from the training CPUs, read through the Blueprint.
 
   log p(c | bp) = log((1 - eps) sum_t w_t(bp) q_t(c) + eps / C), where q_t is training
-  CPU t's `near_optimal` distribution and w_t = softmax_t(-|bp - bp_t|^2 / 2h^2).
+  CPU t's `near_optimal` distribution and w_t = softmax_t(-sum_d s_d (bp - bp_t)_d^2 / 2h^2):
+  a kernel density in Blueprint space whose per-entry scales s (1 when not learned) say
+  which entries of the Blueprint tell CPUs with different optima apart.
   """
 
   bps: np.ndarray  # [T, D] training Blueprints
   dists: np.ndarray  # [T, C] their near-optimal distributions
   bandwidth: float
   eps: float = 1e-3
+  scales: np.ndarray | None = None  # [D] learned metric (None: every entry weighs 1)
 
   @classmethod
-  def fit(cls, bps: np.ndarray, costs: np.ndarray) -> JointPrior:
-    """The bandwidth that predicts each training CPU from the others.
+  def fit(cls, bps: np.ndarray, costs: np.ndarray, *, metric: bool = True,
+          families=None, steps: int = 300) -> JointPrior:
+    """The bandwidth, then the metric, that predict each training CPU from the others.
 
     Leave-one-out flatters narrow kernels (sampled siblings of a CPU are in its
     training set, a new CPU's are not), so it takes the widest bandwidth whose
-    likelihood is within one standard error of the best (the one-SE rule).
+    likelihood is within one standard error of the best (the one-SE rule). Then, with
+    `metric`, it learns one log-scale per Blueprint entry by gradient ascent on the same
+    leave-one-out likelihood (shrunk towards 1): a Blueprint is dominated by the many
+    entries in which two base CPUs differ, while what moves an optimum is often one
+    entry (the dispatch width, the FMA units); the learned metric lets a CPU find the
+    training CPUs that bind where it binds.
     """
     bps = np.asarray(bps, np.float64)
     dists = near_optimal(costs)
@@ -146,17 +155,60 @@ class JointPrior:
     mean = np.mean(lls, 1)
     best = int(np.argmax(mean))
     line = mean[best] - np.std(lls[best]) / np.sqrt(len(bps))
-    return priors[max(i for i in range(len(priors)) if mean[i] >= line)]
+    prior = priors[max(i for i in range(len(priors)) if mean[i] >= line)]
+    if not metric or len(bps) < 4:
+      return prior
+    # The metric starts from the Blueprint's own scaling (every entry about [0, 1]) and
+    # the median distance as bandwidth; learning weighs entries up or down, and can
+    # widen the kernel again.
+    fam = np.arange(len(bps)) if families is None else np.unique(families, return_inverse=True)[1]
+    scales = _learn_metric(bps, dists, scale, prior.eps, steps, start=np.ones(bps.shape[1]),
+                           family=fam)
+    learned = cls(bps, dists, scale, prior.eps, scales)
+    if families is None:
+      return learned
+    # Kept only if it predicts each family from the others better than the isotropic
+    # kernel does: the held-out CPUs are new families too.
+    def across(p):
+      return np.mean([dists[t] @ p.log_probs(bps[t], exclude=np.flatnonzero(fam == fam[t]))
+                      for t in range(len(bps))])
+    return learned if across(learned) > across(prior) else prior
 
   def log_probs(self, bp, exclude: int | None = None) -> np.ndarray:
     """[C] log-probability of every configuration for a CPU of Blueprint `bp`
     (without training CPU `exclude`, for leave-one-out)."""
-    logw = -0.5 * np.sum((self.bps - np.asarray(bp, np.float64)) ** 2, 1) / self.bandwidth ** 2
-    if exclude is not None:
+    diff2 = (self.bps - np.asarray(bp, np.float64)) ** 2
+    if self.scales is not None:
+      diff2 = diff2 * self.scales
+    logw = -0.5 * np.sum(diff2, 1) / self.bandwidth ** 2
+    if exclude is not None:  # an index or an array of them
       logw[exclude] = -np.inf
     w = np.exp(logw - logw.max())
     q = (w / w.sum()) @ self.dists
     return np.log((1 - self.eps) * q + self.eps / q.shape[0]).astype(np.float32)
+
+
+def _learn_metric(bps: np.ndarray, dists: np.ndarray, bandwidth: float, eps: float,
+                  steps: int, *, start: np.ndarray, family: np.ndarray,
+                  shrink: float = 1e-2) -> np.ndarray:
+  """[D] per-entry scales maximising the log-likelihood of each training CPU's
+  near-optimal distribution predicted from the CPUs of other families (`family` [T]
+  int; each CPU its own family: leave-one-out), minus `shrink` x the mean squared
+  log-ratio to `start` [D]."""
+  X = jnp.asarray(bps, jnp.float32)
+  Q = jnp.asarray(dists, jnp.float32)
+  log0 = jnp.asarray(np.log(start), jnp.float32)
+  T, C = Q.shape
+  off = jnp.where(jnp.asarray(family[:, None] == family[None, :]), -1e9, 0.0)
+
+  def loss(delta, _key):
+    d2 = jnp.sum(jnp.exp(log0 + delta)[None, None, :] * (X[:, None] - X[None]) ** 2, -1)
+    w = jax.nn.softmax(-0.5 * d2 / bandwidth ** 2 + off, axis=1)
+    ll = jnp.sum(Q * jnp.log((1 - eps) * (w @ Q) + eps / C), 1)  # [T]
+    return -jnp.mean(ll) + shrink * jnp.mean(delta ** 2)
+
+  delta, _ = _fit(loss, jnp.zeros(X.shape[1]), steps, 0.05, jax.random.PRNGKey(0))
+  return np.exp(np.log(start) + np.asarray(delta, np.float64))
 
 
 def gp_stats(x, obs_x, obs_r, obs_mask):
@@ -264,7 +316,7 @@ def _episodes(task: Task, costs: np.ndarray, rng: np.random.Generator, n_episode
 
 def models_key(task: Task, training: list[tuple[np.ndarray, np.ndarray]], seed: int) -> str:
   """A hash of what meta-training sees, for the on-disk cache."""
-  h = hashlib.sha256(f"{task.name}/{task.size}/{seed}/v2".encode())
+  h = hashlib.sha256(f"{task.name}/{task.size}/{seed}/v3".encode())
   for bp, c in training:
     h.update(np.asarray(bp, np.float32).tobytes())
     h.update(np.nan_to_num(np.asarray(c, np.float64), nan=-1).tobytes())
@@ -273,7 +325,7 @@ def models_key(task: Task, training: list[tuple[np.ndarray, np.ndarray]], seed: 
 
 def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, seed: int = 0,
                ensemble: int = 5, episodes: int = 24, steps: int = 1500,
-               cache: Path | None = None, log=None) -> GlimpseModels:
+               cache: Path | None = None, log=None, families=None) -> GlimpseModels:
   """Meta-trains the three models of `task` over training CPUs.
 
   Args:
@@ -284,7 +336,11 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
     episodes: simulated search states per training CPU for the acquisition.
     steps: optimiser steps per model.
     cache: a directory; the models are stored there under a hash of the inputs and
-      loaded instead of trained when present.
+      loaded instead of trained when present (the joint prior is fitted again on
+      loading: it is cheap).
+    families: per training CPU, the base it belongs to (`CpuGroup.names[0]`): the joint
+      prior's metric is learned by predicting each family from the others, as the
+      held-out CPUs are new families (None: leave-one-out).
   """
   log = log or (lambda msg: None)
   path = cache / f"glimpse-{task.name}-{models_key(task, training, seed)}.msgpack" if cache else None
@@ -298,7 +354,7 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   k_prior, k_val, k_acq = jax.random.split(key, 3)
   prior_net, val_net, acq_net = PriorNet(sizes), ValidityNet(), AcquisitionNet()
   extra_dim = 6
-  joint = JointPrior.fit(np.asarray(bps), costs)
+  joint = JointPrior.fit(np.asarray(bps), costs, families=families)
   log(f"joint prior: bandwidth {joint.bandwidth:.3f}")
   templates = {
     "prior": prior_net.init(k_prior, bps[0]),

@@ -56,6 +56,10 @@ class Task:
   description: str
   knobs: tuple[Knob, ...]
   problem: tuple[tuple[str, int], ...]  # (dimension, size)
+  # What an untuned compiler emits (gcc -O3 -mavx2 -mfma on the plain C loop: one
+  # vector per step, one accumulator, the load folded into the FMA): the baseline a
+  # tuned configuration's speedup is measured against.
+  default: Config = ()
 
   @property
   def knob_names(self) -> tuple[str, ...]:
@@ -188,7 +192,8 @@ TASKS: dict[str, Task] = {
      Knob("acc_sets", (1, 2)),            # independent accumulator copies (k steps alternate)
      Knob("form", ("broadcast", "loadop")),  # A in registers, or A as the FMA's memory operand
      Knob("order", ("grouped", "interleaved"))),  # loads all first, or next to their FMAs
-    (("M", 96), ("N", 24), ("K", 256))),
+    (("M", 96), ("N", 24), ("K", 256)),
+    ("avx2", 1, 1, 1, 1, "loadop", "interleaved")),
   "dot": Task(
     "dot",
     "dot product s += x[i] * y[i], vector accumulators",
@@ -197,7 +202,8 @@ TASKS: dict[str, Task] = {
      Knob("accumulators", (1, 2, 4, 8)),
      Knob("form", ("loadop", "load")),       # y as the FMA's memory operand, or loaded
      Knob("order", ("grouped", "interleaved"))),
-    (("N", 2400),)),
+    (("N", 2400),),
+    ("avx2", 1, 1, "loadop", "interleaved")),
   "axpy": Task(
     "axpy",
     "streaming y[i] += a * x[i]",
@@ -205,7 +211,8 @@ TASKS: dict[str, Task] = {
      Knob("unroll", (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)),
      Knob("form", ("loadop", "load")),
      Knob("order", ("grouped", "interleaved"))),
-    (("N", 2400),)),
+    (("N", 2400),),
+    ("avx2", 1, "load", "interleaved")),
 }
 
 

@@ -17,7 +17,8 @@ def test_shipped_files_load():
   assert len(mca) == 2000 and mca.errors == () and mca.label == "haswell_100"
   assert list(mca.extra) == ["haswell_200", "skylake_100", "skylake_200", "znver3_100",
                              "znver3_200"]
-  assert set(SHIPPED) == {"zen5-small.csv", "mca-small.csv", "graniterapids-anchors.csv"}
+  assert set(SHIPPED) == {"zen5-small.csv", "mca-small.csv", "graniterapids-anchors.csv",
+                          "search-measured-xeon6.json"}
 
 
 def test_shipped_anchors_are_single_instructions_measured_or_rejected_with_a_reason():

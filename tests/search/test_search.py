@@ -120,14 +120,41 @@ def test_joint_prior_reads_the_nearest_blueprints(axpy_haswell):
   flipped = np.where(np.isfinite(cost), 1.0 / cost, np.nan)
   costs = np.stack([cost, cost * 1.01, flipped, flipped * 0.99])
   bps = np.array([[0.0, 0.0], [0.1, 0.0], [5.0, 5.0], [5.1, 5.0]])
-  prior = JointPrior.fit(bps, costs)
-  assert prior.bandwidth < 5.0  # the leave-one-out siblings say: stay local
   near = near_optimal(costs)
-  for bp, want in (([0.05, 0.0], near[0]), ([5.05, 5.0], near[2])):
-    lp = prior.log_probs(np.array(bp))
-    assert int(np.argmax(lp)) == int(np.argmax(want))
-    assert np.isclose(np.exp(lp).sum(), 1.0, atol=1e-4)
+  for metric in (False, True):
+    prior = JointPrior.fit(bps, costs, metric=metric)
+    scale = 1.0 if prior.scales is None else float(np.sqrt(prior.scales.min()))
+    assert prior.bandwidth / scale < 5.0  # the leave-one-out siblings say: stay local
+    for bp, want in (([0.05, 0.0], near[0]), ([5.05, 5.0], near[2])):
+      lp = prior.log_probs(np.array(bp))
+      assert int(np.argmax(lp)) == int(np.argmax(want))
+      assert np.isclose(np.exp(lp).sum(), 1.0, atol=1e-4)
   # Leaving a CPU out drops its own weight entirely.
   alone = JointPrior(bps[:2], near[:2], 1.0)
   np.testing.assert_allclose(np.exp(alone.log_probs(bps[0], exclude=0)),
                              (1 - alone.eps) * near[1] + alone.eps / len(cost), rtol=1e-5)
+
+
+def test_learned_metric_finds_the_entry_that_moves_the_optimum(axpy_haswell):
+  # Blueprint entry 0 tells two base CPUs apart (0 or 1) and does not matter; entry 1
+  # (0 or 0.3: a variant, say a narrower dispatch) decides which ranking holds. A new
+  # base between the two, with or without the variant, has the optimum the variant
+  # says: the learned metric weighs entry 1 up and entry 0 down.
+  cost = axpy_haswell.cost
+  flipped = np.where(np.isfinite(cost), 1.0 / cost, np.nan)
+  bps, costs = [], []
+  for base in (0.0, 1.0):
+    for variant in (0.0, 0.3):
+      for jitter in (0.0, 0.1, 0.2):
+        bps.append([base + jitter, variant])
+        costs.append(flipped * (1 + jitter) if variant else cost * (1 + jitter))
+  bps, costs = np.array(bps), np.stack(costs)
+  families = [b for b in (0, 1) for _ in range(6)]  # each base with its variant: a family
+  for prior in (JointPrior.fit(bps, costs, metric=True),
+                JointPrior.fit(bps, costs, families=families)):
+    assert prior.scales[1] > prior.scales[0]
+    q_plain, q_variant = near_optimal(cost[None])[0], near_optimal(flipped[None])[0]
+    lp = prior.log_probs(np.array([0.6, 0.3]))
+    assert q_variant @ lp > q_plain @ lp + 1.0  # the variant's near-optimal ones, by far
+    lp = prior.log_probs(np.array([0.6, 0.0]))
+    assert q_plain @ lp > q_variant @ lp + 1.0
