@@ -158,6 +158,8 @@ def build_data(hexes: Sequence[str], apps: Sequence[str] | None, exp: Experiment
                           and (label_roles is None or role[i] in label_roles)], int)
     if label_roles is not None and "encoder" not in label_roles:
       enc = enc[:0]
+    if label_roles is not None and "train" not in label_roles:
+      first = first[:0]
     # Many tables over few blocks: chunks of 32 tables keep each sweep's jobs full.
     for sub, cols, chunk in ((rows_core, core, 8), (first, np.arange(len(core), len(blocks)), 8),
                              (enc, for_encoder, 32)):
