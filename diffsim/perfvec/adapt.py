@@ -178,7 +178,8 @@ def nearest_uarch(trained: Trained, P: np.ndarray, y: np.ndarray) -> str:
 
 def adapt(trained: Trained, blocks: Sequence[Block], y: np.ndarray, *,
           init: str | None = None, fine_tune: bool = False, folds: int = FOLDS,
-          fine_tune_prior: float | None = None, seed: int = 0, log=None) -> Adapted:
+          fine_tune_prior: float | None = None, programs: np.ndarray | None = None,
+          seed: int = 0, log=None) -> Adapted:
   """A uarch vector (and with `fine_tune` the last program layer) fitted to measured
   cycles per 100 iterations `y` of `blocks`, with its K-fold cross-validated error.
 
@@ -189,6 +190,7 @@ def adapt(trained: Trained, blocks: Sequence[Block], y: np.ndarray, *,
       the training uarch that predicts the rows best (`nearest_uarch`).
     fine_tune_prior: the pull of the fine-tuned layer towards the trained one; None:
       10 / sqrt(K) (stronger with fewer rows).
+    programs: [K, dim] the blocks' program vectors, when the caller has them already.
 
   Raises:
     ValueError: fewer than MIN_ROWS rows.
@@ -196,7 +198,7 @@ def adapt(trained: Trained, blocks: Sequence[Block], y: np.ndarray, *,
   y = np.asarray(y, np.float32)
   K = len(y)
   check_rows(K, np.arange(K), {})
-  P = trained.embed(blocks)
+  P = trained.embed(blocks) if programs is None else np.asarray(programs, np.float32)
   S, n = lstm_sums(trained, blocks) if fine_tune else (None, None)
   init = init or nearest_uarch(trained, P, y)
   u0 = trained.uarch(init)
