@@ -146,7 +146,7 @@ def _fine_tune(S, n, t, weight, kernel0, bias0, u0, steps: int, lr: float, prior
 
   def loss(x):
     kernel, bias, u = x
-    P = S @ kernel + n[:, None] * bias
+    P = S @ kernel + n[:, None] * bias[None, :]
     err = _robust_error(P, t, u)
     pull = (jnp.mean((kernel - kernel0) ** 2) / k_scale + jnp.mean((u - u0) ** 2) / u_scale)
     return jnp.sum(weight * err) / jnp.maximum(jnp.sum(weight), 1) + prior * pull
