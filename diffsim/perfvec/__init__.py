@@ -5,7 +5,10 @@ predicts a block's throughput, trained on the simulator's sweeps.
 flax model; `evaluate`, `load`, `save` and `Trained` use it; `fit_uarch` fits only a
 new CPU's vector with the program encoder frozen (the foundation-model use), from
 measurements, and `Trained.adapt` does the same for a parameter table from simulated
-probe blocks. Names load
+probe blocks. `load()` with no argument returns the pretrained model that ships in the
+package. `adapt` fits a measured CPU's vector (and optionally the last program layer)
+with its cross-validated error; `candidates`, `encode_tables` and `rank_tables` rank
+candidate tables by one matrix product (design-space exploration). Names load
 on first use, so that `diffsim --help` does not import JAX for this subcommand.
 """
 
@@ -15,6 +18,11 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+  "Adapted": "diffsim.perfvec.adapt",
+  "adapt": "diffsim.perfvec.adapt",
+  "candidates": "diffsim.perfvec.dse",
+  "encode_tables": "diffsim.perfvec.dse",
+  "rank_tables": "diffsim.perfvec.dse",
   "Experiment": "diffsim.perfvec.learn",
   "build_data": "diffsim.perfvec.learn",
   "train": "diffsim.perfvec.learn",

@@ -101,8 +101,19 @@ def _draw(n: int, k: int, seed: int) -> np.ndarray:
 
 
 def build_data(hexes: Sequence[str], apps: Sequence[str] | None, exp: Experiment,
-               cache_dir: Path, *, progress: bool = True, log=print) -> Data:
-  """Decodes, filters and draws the blocks, then labels them on every uarch."""
+               cache_dir: Path, *, exclude: Sequence[str] = (),
+               label_roles: Sequence[str] | None = None, progress: bool = True,
+               log=print) -> Data:
+  """Decodes, filters and draws the blocks, then labels them on every uarch.
+
+  Blocks whose hex is in `exclude` are never drawn (for a pretrained model: the blocks
+  that measured datasets hold out, so that no evaluation on them sees a block trained
+  on). Extra training blocks come from the split's training part only (`split_ids`
+  with the experiment's seed), the part that measured data split by the same hash
+  also trains on. With `label_roles`, only uarchs of those roles are labelled (the others
+  stay NaN): training needs the "train" role alone, so a resumable pipeline can train
+  before it labels what it only reports on.
+  """
   roles = exp.uarchs()
   bases = sorted({u.base for us in roles.values() for u in us})
   tables = [load_table(b) for b in bases]
@@ -111,10 +122,14 @@ def build_data(hexes: Sequence[str], apps: Sequence[str] | None, exp: Experiment
   ok = runnable(decoded, tables, exp.max_len)
   app = np.array([bool(exp.heldout_app) and exp.heldout_app in (a or "").split(";")
                   for a in (apps or [""] * len(hexes))])
-  pool = np.flatnonzero(ok & ~app)
+  banned = {h.lower() for h in exclude}
+  keep = np.array([h.lower() not in banned for h in hexes], bool)
+  pool = np.flatnonzero(ok & ~app & keep)
   main = pool[_draw(len(pool), exp.blocks, exp.seed)]
-  held = np.flatnonzero(ok & app)[_draw(int(np.sum(ok & app)), exp.app_blocks, exp.seed)]
+  held = np.flatnonzero(ok & app & keep)[_draw(int(np.sum(ok & app & keep)), exp.app_blocks,
+                                                exp.seed)]
   rest = np.setdiff1d(pool, main)
+  rest = rest[split_ids([decoded[i].hex for i in rest], seed=exp.seed) == 0]
   extra = rest[_draw(len(rest), exp.extra_blocks, exp.seed + 2)]
   idx = np.concatenate([main, held, extra])
   blocks = [decoded[i] for i in idx]
@@ -139,7 +154,12 @@ def build_data(hexes: Sequence[str], apps: Sequence[str] | None, exp: Experiment
     rows = np.array([i for i, u in enumerate(uarchs) if u.base == base])
     first = np.array([i for i in rows if role[i] == "train"][:exp.extra_tables], int)
     enc = np.array([i for i in rows if role[i] == "encoder"], int)
-    rows_core = np.array([i for i in rows if role[i] != "encoder"], int)
+    rows_core = np.array([i for i in rows if role[i] != "encoder"
+                          and (label_roles is None or role[i] in label_roles)], int)
+    if label_roles is not None and "encoder" not in label_roles:
+      enc = enc[:0]
+    if label_roles is not None and "train" not in label_roles:
+      first = first[:0]
     # Many tables over few blocks: chunks of 32 tables keep each sweep's jobs full.
     for sub, cols, chunk in ((rows_core, core, 8), (first, np.arange(len(core), len(blocks)), 8),
                              (enc, for_encoder, 32)):

@@ -7,7 +7,12 @@
 - `UarchEncoder`: a microarchitecture vector from a table's layout-free summary
   (`uarch.uarch_features`), for tables never trained on. Each opcode's numbers are
   projected and weighted by a learned opcode embedding, so that a program vector can
-  pick out the opcodes its block uses.
+  pick out the opcodes its block uses. With `ModelConfig.structure` > 0 it also reads
+  the port structure: opcodes (learned keys) pooled into the resources they occupy,
+  weighted by how heavily, then resources pooled back into each opcode, one round of
+  message passing on the opcode-resource graph; an opcode's numbers then say which
+  other opcodes compete with it, and a pooled vector of all resources joins the
+  globals.
 - Training tables also get a free vector each (`PerfVec.uarch_table`), PerfVec's own
   form; the encoder learns to produce such vectors.
 - Time is softplus(program . uarch) cycles per iteration: positive, and close to the
@@ -23,7 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from diffsim.perfvec.features import NUM_FEATURES, Sequences, vocabulary
-from diffsim.perfvec.uarch import GLOBALS, PER_OPCODE, reference_costs
+from diffsim.perfvec.uarch import (GLOBALS, GLOBALS_WIDTH, MAX_RESOURCES, PER_OPCODE,
+                                   PER_OPCODE_WIDTH, RESOURCE_FEATURES, reference_costs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +43,7 @@ class ModelConfig:
   num_features: int = NUM_FEATURES
   train_tables: int = 1  # free uarch vectors
   references: tuple[str, ...] = ()  # tables whose opcode costs the program encoder sees
+  structure: int = 16  # width of the port-structure messages (0: the encoder ignores it)
 
 
 class ProgramEncoder(nn.Module):
@@ -85,12 +92,46 @@ class UarchEncoder(nn.Module):
   @nn.compact
   def __call__(self, per_opcode: jax.Array, glob: jax.Array) -> jax.Array:
     c = self.cfg
-    assert per_opcode.shape[-1] == len(PER_OPCODE) and glob.shape[-1] == len(GLOBALS)
+    assert per_opcode.shape[-1] == PER_OPCODE_WIDTH and glob.shape[-1] == GLOBALS_WIDTH
+    P, G = len(PER_OPCODE), len(GLOBALS)
+    per, g = per_opcode[..., :P], glob[..., :G]
+    if c.structure:
+      msg, pooled_res = _PortStructure(c.vocab, c.structure, name="structure")(per_opcode, glob)
+      per = jnp.concatenate([per, msg], -1)
     key = self.param("opcode", nn.initializers.normal(1.0), (c.vocab, c.dim))
-    pooled = _KeyedSum(c.dim, name="per_opcode")(per_opcode, key) / jnp.sqrt(c.vocab)
-    h = jnp.concatenate([pooled, nn.Dense(c.dim, name="globals")(glob)], -1)
+    pooled = _KeyedSum(c.dim, name="per_opcode")(per, key) / jnp.sqrt(c.vocab)
+    parts = [pooled, nn.Dense(c.dim, name="globals")(g)]
+    if c.structure:
+      parts.append(nn.Dense(c.dim, name="resources")(pooled_res))
+    h = jnp.concatenate(parts, -1)
     h = nn.gelu(nn.Dense(c.dim, name="hidden")(h))
     return nn.Dense(c.dim, name="out")(h)
+
+
+class _PortStructure(nn.Module):
+  """One round of message passing on a table's opcode-resource graph.
+
+  Returns ([..., V, width] per-opcode messages, [..., width] mean over resources).
+  """
+
+  vocab: int
+  width: int
+
+  @nn.compact
+  def __call__(self, per_opcode: jax.Array, glob: jax.Array):
+    P, G, R = len(PER_OPCODE), len(GLOBALS), MAX_RESOURCES
+    lead = per_opcode.shape[:-2]
+    incidence = per_opcode[..., P:].reshape((-1, self.vocab, R))  # log1p(cycles / units)
+    res = glob[..., G:].reshape((-1, R, len(RESOURCE_FEATURES)))
+    valid = res[..., :1] > 0  # a real resource has at least one unit
+    key = self.param("key", nn.initializers.normal(1.0), (self.vocab, self.width))
+    into = jnp.einsum("tvr,vw->trw", incidence, key) / jnp.sqrt(self.vocab)
+    h = nn.gelu(nn.Dense(self.width, name="resource")(jnp.concatenate([into, res], -1)))
+    h = jnp.where(valid, h, 0.0)
+    msg = nn.Dense(self.width, name="opcode")(jnp.einsum("tvr,trw->tvw", incidence, h))
+    pooled = h.sum(-2) / jnp.maximum(valid.sum(-2), 1)
+    return (msg.reshape(lead + (self.vocab, self.width)),
+            pooled.reshape(lead + (self.width,)))
 
 
 class PerfVec(nn.Module):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -19,15 +20,15 @@ import optax
 
 from diffsim.data import metrics
 from diffsim.isa.ir import Block
-from diffsim.params.table import load_table
 from diffsim.perfvec.data import Uarch, uarch_params, uarch_table
 from diffsim.perfvec.features import vocabulary
 from diffsim.perfvec.model import ModelConfig, log_predict, predict, smooth_abs
-from diffsim.perfvec.learn import (Data, Experiment, _init, _program_vectors, _uarch_vectors,
-                                   descend)
+from diffsim.perfvec.learn import Data, Experiment, _program_vectors, _uarch_vectors, descend
 from diffsim.perfvec.uarch import uarch_features
 
 PROBES = 1024  # probe blocks simulated to adapt a uarch vector to a new table
+# The model that ships in the package (benchmarks/perfvec_pretrain.py writes it).
+PRETRAINED = Path(__file__).parent / "pretrained"
 _KEPT_PROBES = 1024  # probe blocks a saved model keeps
 
 
@@ -40,6 +41,7 @@ class Trained:
   train_uarchs: list[str]
   experiment: dict
   probes: tuple[str, ...] = ()  # hex of training blocks, for `adapt`
+  fingerprint: str = ""  # a hash of the saved variables: adapted vectors name their model
 
   def embed(self, blocks: Sequence[Block]) -> np.ndarray:
     """[N, dim] program vectors."""
@@ -97,14 +99,41 @@ class Trained:
     return np.asarray(predict(programs, uarch[None]))[:, 0] * 100.0
 
 
-def save(out_dir: Path, variables, cfg: ModelConfig, exp: Experiment, data: Data) -> Path:
-  """Writes DIR/model (orbax) and DIR/model.json (config, uarch names, vocabulary size)."""
-  import orbax.checkpoint as ocp
+def _config(d: dict) -> ModelConfig:
+  """A ModelConfig from its JSON form (tuples come back as lists)."""
+  # Models saved before `references` or `structure` existed saw neither.
+  return ModelConfig(**{**d, "references": tuple(d.get("references", ())),
+                        "structure": d.get("structure", 0)})
 
+
+def write_variables(path: Path, variables, cfg: ModelConfig) -> Path:
+  """Variables as one .npz of float32 arrays named by their paths, with the config:
+  a single small file that ships as package data and loads without orbax."""
+  from flax.traverse_util import flatten_dict
+
+  flat = {"/".join(k): np.asarray(v, np.float32)
+          for k, v in flatten_dict(jax.device_get(variables)).items()}
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  np.savez(path, __config__=np.array(json.dumps(dataclasses.asdict(cfg))), **flat)
+  return path
+
+
+def read_variables(path: Path) -> tuple[dict, ModelConfig]:
+  """The inverse of `write_variables`."""
+  from flax.traverse_util import unflatten_dict
+
+  with np.load(path) as z:
+    cfg = _config(json.loads(str(z["__config__"])))
+    flat = {tuple(k.split("/")): jnp.asarray(z[k]) for k in z.files if k != "__config__"}
+  return unflatten_dict(flat), cfg
+
+
+def save(out_dir: Path, variables, cfg: ModelConfig, exp: Experiment, data: Data) -> Path:
+  """Writes DIR/model.npz (`write_variables`) and DIR/model.json (config, uarch names,
+  vocabulary size, probe blocks)."""
   out = Path(out_dir).absolute()
-  path = out / "model"
-  with ocp.StandardCheckpointer() as ckpt:
-    ckpt.save(path, variables, force=True)
+  path = write_variables(out / "model.npz", variables, cfg)
   # Probes: training blocks labelled on every training table, in a seeded order.
   train = np.array([r == "train" for r in data.role])
   core = np.flatnonzero((data.part == 0) & np.isfinite(data.y[train]).all(0))
@@ -116,27 +145,29 @@ def save(out_dir: Path, variables, cfg: ModelConfig, exp: Experiment, data: Data
   return path
 
 
-def load(model_dir: str | Path) -> Trained:
-  """A model saved by `save` (`diffsim perfvec train --out DIR`)."""
-  import orbax.checkpoint as ocp
-
-  d = Path(model_dir).absolute()
-  meta_file = d / "model.json"
-  if not meta_file.exists():
-    raise FileNotFoundError(f"{d} holds no trained PerfVec model (no model.json); train one "
-                            f"with `diffsim perfvec train --out {d}`")
-  meta = json.loads(meta_file.read_text())
+@functools.lru_cache(maxsize=4)
+def _load_cached(d: Path, stamp: float) -> Trained:
+  meta = json.loads((d / "model.json").read_text())
   if meta["vocabulary"] != len(vocabulary()):
     raise ValueError(f"{d}: the model's opcode vocabulary has {meta['vocabulary']} entries, "
                      f"this diffsim's {len(vocabulary())}")
-  # Models saved before `references` existed saw no reference costs.
-  cfg = ModelConfig(**{**meta["config"], "references": tuple(meta["config"].get("references", ()))})
-  per, glob = uarch_features(load_table("haswell"))
-  like = _init(cfg, per[None], glob[None], 0)
-  with ocp.StandardCheckpointer() as ckpt:
-    variables = ckpt.restore(d / "model", jax.tree.map(ocp.utils.to_shape_dtype_struct, like))
+  variables, cfg = read_variables(d / "model.npz")
+  digest = hashlib.blake2b((d / "model.npz").read_bytes(), digest_size=8).hexdigest()
   return Trained(variables, cfg, meta["train_uarchs"], meta["experiment"],
-                 tuple(meta.get("probes", ())))
+                 tuple(meta.get("probes", ())), digest)
+
+
+def load(model_dir: str | Path | None = None) -> Trained:
+  """A model saved by `save` (`diffsim perfvec train --out DIR`); None: the pretrained
+  model that ships in the package (`PRETRAINED`). Loaded once per process (a file
+  changed since is read again)."""
+  d = Path(model_dir).absolute() if model_dir is not None else PRETRAINED
+  if not (d / "model.json").exists() or not (d / "model.npz").exists():
+    hint = ("the package was installed without its pretrained model" if model_dir is None
+            else f"train one with `diffsim perfvec train --out {d}`")
+    raise FileNotFoundError(f"{d} holds no trained PerfVec model (model.json and "
+                            f"model.npz); {hint}")
+  return _load_cached(d, (d / "model.npz").stat().st_mtime)
 
 
 def _summary(pred: np.ndarray, y: np.ndarray) -> dict:

@@ -12,7 +12,8 @@ from diffsim.params.table import load_table
 from diffsim.perfvec.reuse import Trained, fit_uarch
 from diffsim.perfvec.features import encode_sequences, opcode_id
 from diffsim.perfvec.model import ModelConfig, PerfVec, log_error, log_predict, predict
-from diffsim.perfvec.uarch import PER_OPCODE, reference_costs, uarch_features
+from diffsim.perfvec.uarch import (GLOBALS, MAX_RESOURCES, PER_OPCODE, RESOURCE_FEATURES,
+                                   reference_costs, uarch_features)
 
 
 def _model():
@@ -109,8 +110,22 @@ def test_keyed_sum_is_the_sum_of_projected_opcodes():
   def dense(x, p):
     return x @ p["kernel"] + p["bias"].reshape((1,) * (x.ndim - 1) + (-1,))
 
-  direct = jnp.einsum("uvd,vd->ud", dense(per, enc["per_opcode"]), enc["opcode"])
-  h = jnp.concatenate([direct / np.sqrt(cfg.vocab), dense(glob, enc["globals"])], -1)
+  # The port structure: opcodes pooled into resources by their resource-cycle weights,
+  # resources pooled back into opcodes.
+  P, G, F = len(PER_OPCODE), len(GLOBALS), len(RESOURCE_FEATURES)
+  incidence = per[..., P:]
+  res = glob[..., G:].reshape(glob.shape[:-1] + (MAX_RESOURCES, F))
+  valid = res[..., :1] > 0
+  st = enc["structure"]
+  into = jnp.einsum("uvr,vw->urw", incidence, st["key"]) / np.sqrt(cfg.vocab)
+  hr = jnp.where(valid, jax.nn.gelu(dense(jnp.concatenate([into, res], -1), st["resource"])),
+                 0.0)
+  msg = dense(jnp.einsum("uvr,urw->uvw", incidence, hr), st["opcode"])
+  pooled = hr.sum(1) / valid.sum(1)
+  per_in = jnp.concatenate([per[..., :P], msg], -1)
+  direct = jnp.einsum("uvd,vd->ud", dense(per_in, enc["per_opcode"]), enc["opcode"])
+  h = jnp.concatenate([direct / np.sqrt(cfg.vocab), dense(glob[..., :G], enc["globals"]),
+                       dense(pooled, enc["resources"])], -1)
   want = dense(jax.nn.gelu(dense(h, enc["hidden"])), enc["out"])
   got = PerfVec(cfg).apply(variables, per, glob, method=PerfVec.encode_uarch)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
