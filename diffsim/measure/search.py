@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from diffsim.search.codegen import lower_many
-from diffsim.search.evaluate import Costs, cache_dir
+from diffsim.search.evaluate import Costs, Logged, cache_dir
 from diffsim.search.space import Task
 
 # Shipped tables fitted to measurements of a CPU family (vendor, family) -> table. Cloud
@@ -68,7 +68,7 @@ def _space_path(task: Task, identity: dict) -> Path:
   return cache_dir() / "measured" / f"{task.name}-{cpu_key(identity)}.json"
 
 
-class MeasuredObjective:
+class MeasuredObjective(Logged):
   """`evaluate.Objective`'s interface, with costs measured on this CPU.
 
   Args:
@@ -116,14 +116,6 @@ class MeasuredObjective:
           self.cycles[i] = cycles[i]
     self.history += list(zip(indices, out.tolist()))
     return out
-
-  @property
-  def evaluations(self) -> int:
-    return len(self.history)
-
-  @property
-  def invalid(self) -> int:
-    return sum(1 for _, c in self.history if not np.isfinite(c))
 
 
 def _measure(task: Task, ids: Sequence[int], config) -> tuple[np.ndarray, list, dict]:

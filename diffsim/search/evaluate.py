@@ -178,7 +178,21 @@ def _write(path: Path, table, task: Task, costs: Costs) -> None:
   tmp.replace(path)
 
 
-class Objective:
+class Logged:
+  """An objective's log: `history` holds (config index, cost or nan) per evaluation."""
+
+  history: list[tuple[int, float]]
+
+  @property
+  def evaluations(self) -> int:
+    return len(self.history)
+
+  @property
+  def invalid(self) -> int:
+    return sum(1 for _, c in self.history if not np.isfinite(c))
+
+
+class Objective(Logged):
   """Evaluates configurations on demand and counts what each evaluation cost.
 
   Either simulates (`table` given) or looks up a precomputed `Costs` (the benchmark:
@@ -219,10 +233,3 @@ class Objective:
     self.history += list(zip(indices, out.tolist()))
     return out
 
-  @property
-  def evaluations(self) -> int:
-    return len(self.history)
-
-  @property
-  def invalid(self) -> int:
-    return sum(1 for _, c in self.history if not np.isfinite(c))
