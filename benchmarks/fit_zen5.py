@@ -15,6 +15,8 @@ Reported side by side, on the same blocks, in one run: llvm-mca 14 (`--mca-model
 gradient-boosted trees on opcode counts trained on the same training blocks
 (`diffsim.fit.trees`), the previously shipped table (`--compare`), the starting table
 and the fitted one; MAPE, Kendall tau and within-5%, overall and per category.
+`--anchors` adds single instructions measured alone on the same CPU
+(`benchmarks/measure_anchors.py`) to the training rows, weighted `--anchor-weight`.
 
   python benchmarks/fit_zen5.py [--exact 3] [--out runs/zen5-bench] [--ship]
   python benchmarks/fit_zen5.py --data graniterapids-measured.csv --name graniterapids \
