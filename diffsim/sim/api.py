@@ -145,9 +145,10 @@ def simulate_sweep(table: Table, batch: BlockBatch, *, params: Params, iteration
   """
   B = batch.opcode.shape[0]
   # Blocks are dealt to the processes (`diffsim.sim.hosts`), each crossing all tables.
-  shares = _shares(table, batch, np.full(B, iterations))
+  its = np.full(B, iterations, np.int32)
+  shares = _shares(table, batch, its)
   mine = shares[hosts.index()]
-  batch, its = share_rows(batch, np.full(B, iterations, np.int32), mine, max(map(len, shares)))
+  batch, its = share_rows(batch, its, mine, max(map(len, shares)))
   n_dev = len(jax.local_devices())
   # The flattened job axis (P x B) is sharded, so B is padded to the device count.
   batch_p, its = pad_batch(batch, its, n_dev)
@@ -180,6 +181,8 @@ def share_rows(batch: BlockBatch, iterations: np.ndarray, rows: np.ndarray, size
   rows with zero-iteration copies (which finish at once), so that every process runs
   the same shapes, hence one compiled program."""
   rows = np.asarray(rows, np.int64)
+  if size == len(rows) == batch.opcode.shape[0] and np.array_equal(rows, np.arange(size)):
+    return jax.tree.map(np.asarray, batch), np.asarray(iterations, np.int32)  # no copy
   pad = np.full(size - len(rows), rows[0] if len(rows) else 0)
   take = np.concatenate([rows, pad]).astype(np.int64)
   its = np.concatenate([np.asarray(iterations, np.int32)[rows], np.zeros(len(pad), np.int32)])
