@@ -397,6 +397,8 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
   def errors(pred, ids):  # each block's weighted relative error
     return _errors(pred, y[ids]) * w[ids]
 
+  mape = "MAPE" if weights is None else "weighted MAPE"  # what the log's error is
+
   table = _any_group_needs_one(table)
   ports = port_moves(table) if any(m.field == "port" for m in moves) else {}
   judge = Judge(table, blocks)
@@ -426,7 +428,7 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
   if done["best"] is None and val is not None:
     done["best"] = dict(round=-1, val=val_mape(p))
   log(f"exact search: {len(rows)} opcodes judged by {len(judged)} of {len(blocks)} blocks, "
-      f"their MAPE {100 * err[judged].mean():.2f}%"
+      f"their {mape} {100 * err[judged].mean():.2f}%"
       + (f", validation {100 * done['best']['val']:.2f}%" if val is not None else "")
       + f" ({time.time() - t0:.0f} s)")
   step = 0
@@ -492,7 +494,7 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
         best = {k: v.copy() for k, v in p.items()}
       done["history"].append(rec)
       done["steps"] = step
-      log(f"  round {r} {move}: kept {len(kept)} of {tried}, train MAPE "
+      log(f"  round {r} {move}: kept {len(kept)} of {tried}, train {mape} "
           f"{100 * rec['train']:.2f}%" + (f", validation {100 * rec['val']:.2f}%"
                                           if "val" in rec else "")
           + f" ({rec['seconds']:.0f} s)")
