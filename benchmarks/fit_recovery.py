@@ -11,6 +11,7 @@ skylake's own, on the opcodes the training blocks use (the only ones a fit can l
 
   python benchmarks/fit_recovery.py [--epochs 8] [--limit N] [--out DIR] [--random-seed 0]
       [--lr 0.1] [--prior 0] [--starts haswell random] [--exact ROUNDS]
+      [--anchors WEIGHT [--chains]]
 
 Resource columns are compared where the names match after HW -> SKL; the structure
 (which resources an opcode uses, reservations, the SKLPort05 group haswell lacks)
@@ -66,17 +67,21 @@ def skylake_steady():
   return ds.take(np.flatnonzero(np.isfinite(y) & (y > 0)))
 
 
-def with_anchors(blocks, y, weight: float):
-  """The training blocks plus single instructions of them (`diffsim.fit.anchors`),
-  labelled like the blocks (llvm-mca skylake steady), and each row's weight."""
+def with_anchors(blocks, y, weight: float, chained: bool = False):
+  """The training blocks plus single instructions of them (`diffsim.fit.anchors`;
+  with `chained`, also each one rewritten to read its own result), labelled like the
+  blocks (llvm-mca skylake steady), and each row's weight."""
   from diffsim.cli import mca_predict
-  from diffsim.fit.anchors import pick
+  from diffsim.fit.anchors import chains, pick
 
   good = [b for b in blocks if not isinstance(b, Exception)]
-  alone = decode_blocks([h for _, h, _ in pick(good)])
+  rows = pick(good)
+  rows += chains(rows) if chained else []
+  alone = decode_blocks([h for _, h, _ in rows])
   labels = [v for v, _ in mca_predict(alone, "skylake", 100, "steady", False)]
   keep = [i for i, v in enumerate(labels) if v is not None and v > 0]
-  print(f"# {len(keep)} anchors (single instructions, llvm-mca skylake), weight {weight:g}")
+  print(f"# {len(keep)} anchors (single instructions, llvm-mca skylake"
+        f"{', chained forms too' if chained else ''}), weight {weight:g}")
   return (list(blocks) + [alone[i] for i in keep],
           np.concatenate([y, [labels[i] for i in keep]]),
           np.concatenate([np.ones(len(y)), np.full(len(keep), weight)]))
@@ -219,6 +224,9 @@ def main(argv=None) -> int:
   ap.add_argument("--anchors", type=float, default=0.0, metavar="WEIGHT",
                   help="with --exact: also fit single instructions of the training blocks "
                        "(diffsim.fit.anchors), labelled by llvm-mca skylake, at this weight")
+  ap.add_argument("--chains", action="store_true",
+                  help="with --anchors: also each anchor rewritten to read its own result "
+                       "(`diffsim.fit.anchors.chains`), which shows its latency")
   args = ap.parse_args(argv)
   _compile_cache()
   out = args.out or Path(tempfile.mkdtemp(prefix="fit_recovery_"))
@@ -268,7 +276,7 @@ def main(argv=None) -> int:
       start_table = rounded_table(table, table.params, start)
       blocks, y, weights = decode_blocks(list(train.hex)), train.y, np.ones(len(train))
       if args.anchors:
-        blocks, y, weights = with_anchors(blocks, y, args.anchors)
+        blocks, y, weights = with_anchors(blocks, y, args.anchors, args.chains)
       refined = refine(start_table, blocks, y, MOVES, rounds=args.exact,
                        val=(decode_blocks(list(val.hex)), val.y), weights=weights,
                        state_dir=out / start / "exact",

@@ -25,7 +25,7 @@ import numpy as np
 
 from diffsim.data import load_csv, shared_data_dir
 from diffsim.data.split import split_ids
-from diffsim.fit.anchors import pick
+from diffsim.fit.anchors import chains, pick
 from diffsim.isa import decode_blocks
 
 def main() -> None:
@@ -35,6 +35,8 @@ def main() -> None:
   ap.add_argument("--app", default="redis-server", help="application left out entirely")
   ap.add_argument("--forms", type=int, default=4, help="operand forms per opcode key")
   ap.add_argument("--per-key", type=int, default=4, help="instructions per opcode key")
+  ap.add_argument("--chains", action="store_true",
+                  help="also each instruction rewritten to read its own result (its latency)")
   ap.add_argument("-o", "--output", required=True, help="the anchors' measured CSV")
   args = ap.parse_args()
   shared = shared_data_dir()
@@ -46,6 +48,7 @@ def main() -> None:
   blocks = [b for b in decode_blocks([ds.hex[i] for i in train])
             if not isinstance(b, Exception)]
   rows = pick(blocks, args.forms, args.per_key)
+  rows += chains(rows) if args.chains else []
   print(f"{len(rows)} instructions of {len({k for k, _, _ in rows})} opcode keys, "
         f"from {len(blocks)} training blocks")
   with tempfile.TemporaryDirectory() as tmp:

@@ -61,6 +61,13 @@ MOVES = (Move("dispatch", +1), Move("dispatch", -1),
          Move("advance", +1), Move("advance", -1), Move("forward", +1), Move("forward", -1))
 
 
+def _step(row: np.ndarray) -> int:
+  """How far one latency or cycles move goes: 1 cycle up to 31, then a sixteenth of
+  the row's largest value (a relative error is what the objective sees), so that a
+  divide at 98 cycles reaches 76 within one round's passes."""
+  return max(1, int(np.max(row, initial=0)) // 16)
+
+
 def apply(p: dict[str, np.ndarray], k: int, move: Move,
           ports: dict[int, tuple[int, int]] | None = None) -> bool:
   """Applies `move` to opcode row `k` of the numpy table `p` in place; False where it
@@ -83,7 +90,8 @@ def apply(p: dict[str, np.ndarray], k: int, move: Move,
     row[b], row[a] = row[a], 0.0
   elif move.field == "latency":
     row = p["latency"][k]
-    new = np.where(_SHIFTED_ROLES, np.maximum(row + move.delta, 0), row)
+    step = move.delta * _step(row[_SHIFTED_ROLES])
+    new = np.where(_SHIFTED_ROLES, np.maximum(row + step, 0), row)
     if np.array_equal(new, row):
       return False
     p["latency"][k] = new
@@ -115,7 +123,7 @@ def apply(p: dict[str, np.ndarray], k: int, move: Move,
     used = row > 0
     if not used.any():
       return False
-    new = np.where(used, np.maximum(row + move.delta, 1), 0)
+    new = np.where(used, np.maximum(row + move.delta * _step(row), 1), 0)
     if np.array_equal(new, row):
       return False
     p["res_cycles"][k] = new
@@ -383,8 +391,9 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
     state_dir: where the search keeps its state after every move kind; a search
       started again with the same arguments resumes from it.
     frozen: rows that never move.
-    passes: how often one move kind is judged again for the opcodes that gained
-      alone but were dropped when judged with the others (`_verified`).
+    passes: how often one move kind is judged again, for the opcodes that gained
+      alone but were dropped when judged with the others (`_verified`), and for those
+      whose move was kept (one step further).
     weights: per training block, how much its error counts (default 1). Blocks
       weighted above 1 (micro-benchmarks of single instructions, the clean evidence)
       also judge every opcode they use, whatever `cap` samples.
@@ -480,7 +489,9 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
         touched = judged[np.isin(judged, np.flatnonzero(
             [np.isin(ks, now).any() for ks in index.keys]))]
         err[touched] = errors(judge(_table(table, p), touched), touched)
-        pending = [k for k in moved if gains[k] >= min_gain and k not in now]
+        # Next pass: the dropped ones again, and the kept ones one step further (a line
+        # search: a divide 20 cycles off needs several steps).
+        pending = [k for k in moved if gains[k] >= min_gain and k not in now] + now
       rec = dict(round=r, move=str(move), tried=tried, kept=len(kept),
                  train=float(err[judged].mean()), seconds=time.time() - t0)
       if move is moves[-1]:
