@@ -20,8 +20,9 @@ SHIPPED = {
                     "hex,cycles_per_100_iterations,source_app,spread",
   "mca-small.csv": "2,000 BHive blocks with llvm-mca 14 Total Cycles; "
                    "hex,haswell_100,haswell_200,skylake_100,skylake_200,znver3_100,znver3_200",
-  "graniterapids-anchors.csv": "2,022 single instructions measured alone on the Xeon 6 "
-                               "(benchmarks/measure_anchors.py); "
+  "graniterapids-anchors.csv": "2,224 single instructions (202 rewritten to read their own "
+                               "result) measured alone on the Xeon 6 "
+                               "(benchmarks/measure_anchors.py --chains); "
                                "hex,cycles_per_100_iterations,spread,error",
   "search-measured-xeon6.json": "every valid sse/avx2 configuration of the search tasks "
                                 "(gemm, dot, axpy) measured on a Xeon 6; "

@@ -25,11 +25,11 @@ def test_shipped_anchors_are_single_instructions_measured_or_rejected_with_a_rea
   from diffsim.isa import decode_blocks
 
   anchors = load_csv(shipped("graniterapids-anchors.csv"))
-  assert len(anchors) == 2022 and list(anchors.extra) == ["spread", "error"]
+  assert len(anchors) == 2224 and list(anchors.extra) == ["spread", "error"]
   blocks = decode_blocks(list(anchors.hex))
   assert all(len(b) == 1 for b in blocks)
   rejected = ~np.isfinite(anchors.y)
-  assert 0 < rejected.sum() < 30
+  assert 0 < rejected.sum() < 50
   assert all(anchors.extra["error"][i] for i in np.flatnonzero(rejected))
   assert np.all(anchors.y[~rejected] > 0)
 
