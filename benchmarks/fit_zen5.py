@@ -13,8 +13,9 @@ facts, `diffsim.params.starts`), then `--exact` rounds of the exact per-opcode s
 (`diffsim.fit.exact`) on every training block, the round chosen by validation MAPE.
 Reported side by side, on the same blocks, in one run: llvm-mca 14 (`--mca-models`),
 gradient-boosted trees on opcode counts trained on the same training blocks
-(`diffsim.fit.trees`), the previously shipped table (`--compare`), the starting table
-and the fitted one; MAPE, Kendall tau and within-5%, overall and per category.
+(`diffsim.fit.trees`), with `--perfvec` the shipped PerfVec model adapted to the same
+training blocks, the previously shipped table (`--compare`), the starting table and the
+fitted one; MAPE, Kendall tau and within-5%, overall and per category.
 `--anchors` adds single instructions measured alone on the same CPU
 (`benchmarks/measure_anchors.py`) to the training rows, weighted `--anchor-weight`.
 
@@ -90,6 +91,34 @@ def table_rows(results: dict[str, np.ndarray], y: np.ndarray, cats: dict) -> lis
   return lines + [counts]
 
 
+def perfvec_predictors(blocks, y) -> dict:
+  """The shipped PerfVec adapted to the training rows, uarch vector alone and with its
+  last program layer fine-tuned (`diffsim perfvec adapt [--fine-tune]`)."""
+  from diffsim.perfvec import reuse
+  from diffsim.perfvec.adapt import adapt, programs, usable
+
+  t0 = time.time()
+  trained = reuse.load()
+  ok, _ = usable(blocks, y)
+  blocks, y = [blocks[i] for i in ok], y[ok]
+  P = trained.embed(blocks)
+  out = {}
+  for name, fine in (("uarch vector", False), ("fine-tuned", True)):
+    a = adapt(trained, blocks, y, fine_tune=fine, programs=P, folds=2,
+              log=lambda s: print(f"PerfVec: {s}", flush=True))
+
+    def predict(bl, a=a):
+      pred = np.full(len(bl), np.nan)
+      ok, _ = usable(bl, np.ones(len(bl)))
+      if len(ok):
+        pred[ok] = trained.predict(programs(trained, [bl[i] for i in ok], a), a.uarch)
+      return pred
+
+    out[f"PerfVec adapted to the same training blocks ({name})"] = predict
+  print(f"PerfVec adapted in {time.time() - t0:.0f} s", flush=True)
+  return out
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--data", default="zen5-measured.csv",
@@ -109,6 +138,9 @@ def main() -> None:
                        "beside the training blocks")
   ap.add_argument("--anchor-weight", type=float, default=4.0,
                   help="how much one anchor's error counts against one block's")
+  ap.add_argument("--perfvec", action="store_true",
+                  help="also report the shipped PerfVec model adapted to the same training "
+                       "rows (`diffsim.perfvec.adapt`): its uarch vector alone, and fine-tuned")
   ap.add_argument("--ship", action="store_true",
                   help="copy the fitted table to diffsim/params/tables/NAME.json")
   args = ap.parse_args()
@@ -175,6 +207,8 @@ def main() -> None:
       [np.nan if v is None else v for v, _ in mca_predict(bl, m, 100, "steady", False)]))
       for m in args.mca_models.split(",") if m}
   predictors["trees on opcode counts (same training blocks)"] = trees.predict
+  if args.perfvec:
+    predictors.update(perfvec_predictors(take(train_ids), ds.y[train_ids]))
   if args.compare:
     predictors[f"diffsim, shipped {args.compare} (before)"] = sim(load_table(args.compare))
   predictors[f"diffsim, {args.init} (start)"] = sim(start)

@@ -18,7 +18,7 @@ import numpy as np
 from diffsim.isa.decode import decode_blocks
 from diffsim.isa.encode import BUCKETS, BlockBatch
 from diffsim.params.table import Table
-from diffsim.sim.api import encode
+from diffsim.sim.api import encode, padded
 from diffsim.sim.blocks import block_error, cost_estimates
 
 
@@ -85,11 +85,8 @@ def share(mb: Minibatch, parts: int, index: int) -> tuple[Minibatch, np.ndarray]
     (the part, its rows' positions in `mb`: [ceil(B / parts)] int, -1 for padding).
   """
   B = len(mb.weight)
-  size = -(-B // parts)
-  mine = np.arange(index, B, parts)
-  pos = np.concatenate([mine, np.full(size - len(mine), -1)])
-  take = np.where(pos >= 0, pos, mine[0] if len(mine) else 0)
-  real = pos >= 0
+  take, real = padded(np.arange(index, B, parts), -(-B // parts))
+  pos = np.where(real, take, -1)
   sub = Minibatch(mb.length, jax.tree.map(lambda x: np.asarray(x)[take], mb.batch),
                   mb.iterations[take], mb.y[take], np.where(real, mb.weight[take], 0.0)
                   .astype(np.float32), np.where(real, mb.rows[take], -1))

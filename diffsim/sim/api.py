@@ -183,10 +183,17 @@ def share_rows(batch: BlockBatch, iterations: np.ndarray, rows: np.ndarray, size
   rows = np.asarray(rows, np.int64)
   if size == len(rows) == batch.opcode.shape[0] and np.array_equal(rows, np.arange(size)):
     return jax.tree.map(np.asarray, batch), np.asarray(iterations, np.int32)  # no copy
-  pad = np.full(size - len(rows), rows[0] if len(rows) else 0)
-  take = np.concatenate([rows, pad]).astype(np.int64)
-  its = np.concatenate([np.asarray(iterations, np.int32)[rows], np.zeros(len(pad), np.int32)])
+  take, real = padded(rows, size)
+  its = np.where(real, np.asarray(iterations, np.int32)[take], 0).astype(np.int32)
   return jax.tree.map(lambda x: np.asarray(x)[take], batch), its
+
+
+def padded(rows: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+  """`rows` padded to `size` with copies of its first row (row 0 if empty), and which
+  of them are real: the one way a process's share of rows gets a common shape."""
+  rows = np.asarray(rows, np.int64)
+  take = np.concatenate([rows, np.full(size - len(rows), rows[0] if len(rows) else 0)])
+  return take, np.arange(size) < len(rows)
 
 
 def timeline(table: Table, block: Block, iterations: int = 10):
