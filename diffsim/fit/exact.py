@@ -406,7 +406,7 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
   def errors(pred, ids):  # each block's weighted relative error
     return _errors(pred, y[ids]) * w[ids]
 
-  mape = "MAPE" if weights is None else "weighted MAPE"  # what the log's error is
+  mape = "weighted MAPE" if np.any(w != 1) else "MAPE"  # what the log's error is
 
   table = _any_group_needs_one(table)
   ports = port_moves(table) if any(m.field == "port" for m in moves) else {}
