@@ -212,7 +212,8 @@ def main() -> None:
   if args.compare:
     predictors[f"diffsim, shipped {args.compare} (before)"] = sim(load_table(args.compare))
   predictors[f"diffsim, {args.init} (start)"] = sim(start)
-  predictors["diffsim, fitted (exact search)"] = sim(fitted)
+  if args.exact:  # with no rounds the fitted table is the start
+    predictors["diffsim, fitted (exact search)"] = sim(fitted)
   report = {}
   for title, ids in ((f"test part, seed 0 ({len(test_ids)} blocks)", test_ids),
                      (f"{args.app}, held out entirely ({len(app_ids)} blocks)", app_ids)):
