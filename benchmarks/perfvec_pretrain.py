@@ -20,6 +20,7 @@ Stages (each resumable; rerunning the command skips what is done):
   3. the held-out report, and the model written to --ship (default: the package).
 
   python benchmarks/perfvec_pretrain.py [--out runs/perfvec-pretrained] [--ship DIR]
+      [--corpus 8000] [--blocks 1000] [--extra-blocks 2000]
 """
 
 from __future__ import annotations
@@ -44,11 +45,11 @@ HELDOUT_MODELS = ("broadwell", "icelake-client", "znver1", "znver2", "graniterap
 def experiment(**kw):
   from diffsim.perfvec import Experiment
 
-  return Experiment(train_bases=TRAIN_BASES, heldout_models=HELDOUT_MODELS, samples=6,
-                    heldout_samples=2, extra_blocks=2000, extra_tables=2, max_len=32,
-                    blocks=1000, heldout_app="", app_blocks=0, iterations=20, seed=0,
-                    dim=128, layers=2, epochs=20, batch_size=64, lr=3e-3, patience=8,
-                    encoder_steps=3000, encoder_tables=32, encoder_blocks=100, **kw)
+  return Experiment(**{**dict(
+      train_bases=TRAIN_BASES, heldout_models=HELDOUT_MODELS, samples=6, heldout_samples=2,
+      extra_blocks=2000, extra_tables=2, max_len=32, blocks=1000, heldout_app="",
+      app_blocks=0, iterations=20, seed=0, dim=128, layers=2, epochs=20, batch_size=64,
+      lr=3e-3, patience=8, encoder_steps=3000, encoder_tables=32, encoder_blocks=100), **kw})
 
 
 def heldout_hexes() -> set[str]:
@@ -79,6 +80,12 @@ def main() -> None:
   ap.add_argument("--ship", default="", help="write the model here (default: the package)")
   ap.add_argument("--report-only", action="store_true",
                   help="only stage 3, on the model already written to --ship")
+  ap.add_argument("--blocks", type=int, default=0,
+                  help="BHive blocks split into train/validation/test (0: the experiment's "
+                       "1,000)")
+  ap.add_argument("--extra-blocks", type=int, default=-1,
+                  help="more training blocks, labelled on fewer tables (-1: the "
+                       "experiment's 2,000)")
   ap.add_argument("--epochs", type=int, default=0,
                   help="stop the joint training after this many epochs (0: the experiment's); "
                        "a rerun with fewer epochs than done finishes at once")
@@ -95,7 +102,9 @@ def main() -> None:
   exclude = heldout_hexes()
   t0 = time.time()
   joint = out / "joint.npz"
-  exp1 = experiment()
+  sizes = {k: v for k, v in (("blocks", args.blocks), ("extra_blocks", args.extra_blocks))
+           if v >= (1 if k == "blocks" else 0)}
+  exp1 = experiment(**sizes)
   exp1 = dataclasses.replace(exp1, encoder_tables=0, encoder_steps=0)
   if args.epochs:
     exp1 = dataclasses.replace(exp1, epochs=args.epochs)
@@ -109,7 +118,7 @@ def main() -> None:
     print(f"stage 1 done: {time.time() - t0:.0f} s", flush=True)
   if args.stage < 2:
     return
-  exp = experiment()
+  exp = experiment(**sizes)
   ship = Path(args.ship) if args.ship else PRETRAINED
   if args.report_only:
     report(ship, out, hexes, exclude, exp, t0)
