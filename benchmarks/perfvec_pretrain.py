@@ -80,12 +80,10 @@ def main() -> None:
   ap.add_argument("--ship", default="", help="write the model here (default: the package)")
   ap.add_argument("--report-only", action="store_true",
                   help="only stage 3, on the model already written to --ship")
-  ap.add_argument("--blocks", type=int, default=0,
-                  help="BHive blocks split into train/validation/test (0: the experiment's "
-                       "1,000)")
-  ap.add_argument("--extra-blocks", type=int, default=-1,
-                  help="more training blocks, labelled on fewer tables (-1: the "
-                       "experiment's 2,000)")
+  ap.add_argument("--blocks", type=int, default=None,
+                  help="BHive blocks split into train/validation/test (default 1,000)")
+  ap.add_argument("--extra-blocks", type=int, default=None,
+                  help="more training blocks, labelled on fewer tables (default 2,000)")
   ap.add_argument("--epochs", type=int, default=0,
                   help="stop the joint training after this many epochs (0: the experiment's); "
                        "a rerun with fewer epochs than done finishes at once")
@@ -103,7 +101,7 @@ def main() -> None:
   t0 = time.time()
   joint = out / "joint.npz"
   sizes = {k: v for k, v in (("blocks", args.blocks), ("extra_blocks", args.extra_blocks))
-           if v >= (1 if k == "blocks" else 0)}
+           if v is not None}
   exp1 = experiment(**sizes)
   exp1 = dataclasses.replace(exp1, encoder_tables=0, encoder_steps=0)
   if args.epochs:

@@ -13,19 +13,14 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 
+from diffsim.isa.roles import GPR_NAMES
+
 _REG = re.compile(r"%[a-z0-9]+")
 _NUM = re.compile(r"-?\$?(0x)?[0-9a-f]+\b")
 
-# General-purpose register names by width: row i of each width is the same register.
-_GPR_NAMES = {
-    64: "rax rbx rcx rdx rsi rdi rbp rsp" + "".join(f" r{i}" for i in range(8, 16)),
-    32: "eax ebx ecx edx esi edi ebp esp" + "".join(f" r{i}d" for i in range(8, 16)),
-    16: "ax bx cx dx si di bp sp" + "".join(f" r{i}w" for i in range(8, 16)),
-    8: "al bl cl dl sil dil bpl spl" + "".join(f" r{i}b" for i in range(8, 16)),
-}
-_GPR = {name: (width, row) for width, names in _GPR_NAMES.items()
-        for row, name in enumerate(names.split())}
-_WIDE = _GPR_NAMES[64].split()
+# Each general-purpose register name: (its width, its position in `GPR_NAMES`).
+_GPR = {name: (width, row) for width, names in GPR_NAMES.items()
+        for row, name in enumerate(names)}
 
 
 def _kind(reg: str):
@@ -80,7 +75,7 @@ def chained(text: str) -> str | None:
     for i, op in enumerate(ops[:-1]):
       m = re.search(r"\((%[a-z0-9]+)", op)
       if m and m.group(1)[1:] in _GPR:
-        wide = "%" + _WIDE[_GPR[dest][1]]
+        wide = "%" + GPR_NAMES[64][_GPR[dest][1]]
         if wide != m.group(1):
           swapped = op[:m.start(1)] + wide + op[m.end(1):]
           return f"{mnemonic} " + ", ".join(ops[:i] + [swapped] + ops[i + 1:])

@@ -23,3 +23,14 @@ FIXED_ROLE = len(WRITE_ROLES)
 READ_CLASSES = ("op0", "op1", "op2", "op3", "op4", "flags", "implicit", "addr", "mem")
 # Register kinds that a register file can rename (`global.register_files[].classes`).
 REG_KINDS = ("gpr", "flags", "vec", "mmx", "mask", "x87", "other")
+# AT&T names of the general-purpose registers by operand width: entry i of every width
+# is the same register (rax, eax, ax, al). The high bytes (ah ... dh) have no other widths.
+GPR_NAMES = {
+    64: ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp")
+        + tuple(f"r{i}" for i in range(8, 16)),
+    32: ("eax", "ebx", "ecx", "edx", "esi", "edi", "ebp", "esp")
+        + tuple(f"r{i}d" for i in range(8, 16)),
+    16: ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp") + tuple(f"r{i}w" for i in range(8, 16)),
+    8: ("al", "bl", "cl", "dl", "sil", "dil", "bpl", "spl") + tuple(f"r{i}b" for i in range(8, 16)),
+}
+HIGH_BYTES = ("ah", "bh", "ch", "dh")

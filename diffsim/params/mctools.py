@@ -21,6 +21,7 @@ import re
 import subprocess
 from collections.abc import Iterable
 
+from diffsim.isa.roles import GPR_NAMES, HIGH_BYTES
 from diffsim.llvmtools import find_llvm_tool
 
 TRIPLE = "x86_64-unknown-linux-gnu"
@@ -195,16 +196,10 @@ def assemble(asm: str) -> list[McInst]:
 def _register_probe_lines() -> list[str]:
   """Assembly lines that each introduce registers of one kind, in an order such
   that every line names at most one register not named by an earlier line."""
-  gpr64 = ["rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp"] + [
-      f"r{i}" for i in range(8, 16)]
-  gpr32 = ["eax", "ebx", "ecx", "edx", "esi", "edi", "ebp", "esp"] + [
-      f"r{i}d" for i in range(8, 16)]
-  gpr16 = ["ax", "bx", "cx", "dx", "si", "di", "bp", "sp"] + [f"r{i}w" for i in range(8, 16)]
-  gpr8 = ["al", "bl", "cl", "dl", "sil", "dil", "bpl", "spl", "ah", "bh", "ch", "dh"] + [
-      f"r{i}b" for i in range(8, 16)]
-  lines = [f"pushq %{r}" for r in gpr64]
-  lines += [f"incl %{r}" for r in gpr32]
-  lines += [f"incw %{r}" for r in gpr16]
+  gpr8 = GPR_NAMES[8][:8] + HIGH_BYTES + GPR_NAMES[8][8:]
+  lines = [f"pushq %{r}" for r in GPR_NAMES[64]]
+  lines += [f"incl %{r}" for r in GPR_NAMES[32]]
+  lines += [f"incw %{r}" for r in GPR_NAMES[16]]
   lines += [f"incb %{r}" for r in gpr8]
   for w in ("xmm", "ymm", "zmm"):
     lines += [f"vmovaps %{w}{i}, %{w}{i}" for i in range(32)]
