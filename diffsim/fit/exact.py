@@ -194,7 +194,11 @@ class Judge:
   """Steady-state throughputs of a fixed set of blocks under tables of one layout, in
   fixed shapes: every block is encoded once, and any subset runs as jobs of `job`
   blocks per bucket length (padded with blocks of zero iterations), so that a search
-  that calls it thousands of times compiles one program per bucket length."""
+  that calls it thousands of times compiles one program per bucket length.
+
+  Every table runs in its doubled form (`variants`), moved rows or not, and with the
+  widest dispatch pass seen so far: a table, its variants and its dispatch-width moves
+  then share the same compiled programs (compiling them is most of a short search)."""
 
   def __init__(self, table: Table, blocks: Sequence, job: int = 256):
     from diffsim.sim.blocks import block_encoding
@@ -206,6 +210,8 @@ class Judge:
     # (few shapes, so few compilations; a block runs with no more slots than it needs).
     self.shape = [None if isinstance(e, str) else _shape(e) for e in self.encodings]
     self.job = job
+    self.K = len(table.layout.keys)
+    self.group = 1  # the widest dispatch pass so far
 
   def keys(self, i: int) -> np.ndarray:
     """The distinct opcode rows block i uses (none for a block that cannot run)."""
@@ -216,13 +222,17 @@ class Judge:
                moved: Sequence[int] | None = None) -> np.ndarray:
     """[len(ids)] steady cycles per 100 iterations; NaN where a block cannot run or
     its run failed (a status code: past its cycle budget). `moved[j]` (>= 0): block
-    ids[j] runs with its opcode row moved[j] replaced by that row's variant
-    (`variants`), in `table`, a table with variant rows."""
+    ids[j] runs with its opcode row moved[j] replaced by that row's variant, which
+    `table` then holds (`variants`); otherwise `table` may be of the judge's layout."""
     import jax
 
     from diffsim.isa.encode import assemble
     from diffsim.sim.api import simulate
+    from diffsim.sim.dispatch import group_for
 
+    if len(table.layout.keys) == self.K:
+      table = variants(table)
+    self.group = max(self.group, group_for(table.params.dispatch_width))
     ids = np.asarray(ids, int)
     out = np.full(len(ids), np.nan)
     groups: dict[tuple, list[int]] = {}
@@ -235,7 +245,7 @@ class Judge:
         part = pos[s:s + self.job]
         encs = [self.encodings[i] for i in ids[part]]
         if moved is not None:
-          K = len(table.layout.keys) // 2
+          K = self.K
           encs = [_remapped(e, int(k), K + int(k)) if k >= 0 else e
                   for e, k in zip(encs, np.asarray(moved)[part])]
         encs += [encs[0]] * (self.job - len(encs))
@@ -244,7 +254,7 @@ class Judge:
         m = len(part)
         its = np.zeros(2 * self.job, np.int32)
         its[:m], its[self.job:self.job + m] = iterations, 2 * iterations
-        cyc, codes = simulate(table, batch, iterations=its, throw=False)
+        cyc, codes = simulate(table, batch, iterations=its, group=self.group, throw=False)
         val = 100.0 * (cyc[self.job:self.job + m] - cyc[:m]) / iterations
         out[part] = np.where((codes[:m] | codes[self.job:self.job + m]) != 0, np.nan, val)
     return out
@@ -455,10 +465,9 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
           if not apply(q, -1, move):
             break
           tried += 1
+          # (The judge runs every width with its widest dispatch pass so far, so a
+          # narrower one compiles nothing new.)
           new = errors(judge(_table(table, q), judged), judged)
-          # Each value compiles its own programs (the dispatch group and the window are
-          # static): drop them, or a process runs out of memory mappings for them.
-          jax.clear_caches()
           if err[judged].mean() - new.mean() < min_gain / 4:
             break
           p, err[judged] = q, new

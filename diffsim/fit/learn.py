@@ -396,6 +396,7 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
       weights.append(float(weight_all.sum()))
       bar.set_postfix(mape=f"{float(value):.3f}")
     bar.close()
+    steps_seconds = time.time() - t0
     scores = evaluate(params, config)
     # (best_val is stored in float32: an unchanged score must not count as better)
     better = scores["hard"] < float(state["best_val"]) - 1e-6
@@ -406,7 +407,8 @@ def fit(table: Table, train, val, out_dir, config: FitConfig = FitConfig(), *,
     # (nan: every training block failed, throw=False)
     train_loss = float(np.average(losses, weights=weights)) if sum(weights) else float("nan")
     history.append(dict(epoch=epoch + 1, train=train_loss, val_soft=scores["soft"],
-                        val_hard=scores["hard"], seconds=time.time() - t0))
+                        val_hard=scores["hard"], seconds=time.time() - t0,
+                        steps_seconds=steps_seconds))
     checkpoints.save(epoch + 1, state, history)
     log(f"epoch {epoch + 1}: train MAPE {train_loss:.4f} (soft)  validation "
         f"{scores['soft']:.4f} soft, {scores['hard']:.4f} rounded"

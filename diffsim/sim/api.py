@@ -90,7 +90,7 @@ def encode(table: Table, blocks: Sequence[Block], *, length: int | None = None) 
 def simulate(table: Table, batch: BlockBatch, *, iterations: int | np.ndarray = 100,
              fast_forward: bool = True, max_cycles: int = DEFAULT_MAX_CYCLES,
              slots: int | None = None, window: int | None = None,
-             throw: bool = True) -> Cycles:
+             group: int | None = None, throw: bool = True) -> Cycles:
   """Total Cycles of each block, llvm-mca's convention, in hard (exact) mode.
 
   Args:
@@ -105,6 +105,9 @@ def simulate(table: Table, batch: BlockBatch, *, iterations: int | np.ndarray = 
     window: ring slots for in-flight instructions (default `window_for` the ROB
       size). A wider ring gives the same cycles at a higher cost: it measures what
       the per-cycle passes over the window cost (`benchmarks/simulate_speed.py`).
+    group: instructions per dispatch pass (default `dispatch.group_for` the table's
+      width, the least that serves it). A larger one gives the same cycles; callers
+      that run tables of several widths pass their widest, so one program serves all.
     throw: raise `status.SimulationError` when a block fails; otherwise return its code.
 
   Returns:
@@ -122,7 +125,8 @@ def simulate(table: Table, batch: BlockBatch, *, iterations: int | np.ndarray = 
   mine = shares[hosts.index()]
   batch, its = share_rows(batch, its, mine, max(map(len, shares)))
   local = finish(launch(program(table, batch, its, fast_forward=fast_forward,
-                                max_cycles=max_cycles, slots=slots, window=window)))
+                                max_cycles=max_cycles, slots=slots, window=window,
+                                group=group)))
   out = Cycles(*hosts.gather(tuple(x[:len(mine)] for x in local), shares, B))
   if throw:
     status.check(out.status, what="simulate")

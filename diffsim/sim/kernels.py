@@ -104,7 +104,7 @@ def pad_batch(batch: BlockBatch, iterations, multiple: int):
 
 def program(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool = True,
              max_cycles: int = DEFAULT_MAX_CYCLES, slots: int | None = None,
-             window: int | None = None):
+             window: int | None = None, group: int | None = None):
   """`simulate`'s program call, not yet made: (arguments, static arguments, the order
   that puts its output rows back in the batch's)."""
   rob = rob_entries(table.params.rob_size)
@@ -114,6 +114,12 @@ def program(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
     raise ValueError(f"window {window} is smaller than the ROB ({rob} entries)")
   else:
     check_window(window)  # window_for checks its own
+  least = group_for(table.params.dispatch_width)
+  if group is None:
+    group = least
+  elif not least <= group <= MAX_GROUP:
+    raise ValueError(f"a dispatch pass of {group} instructions cannot serve dispatch width "
+                     f"{least} (it must be {least} to {MAX_GROUP})")
   B = batch.opcode.shape[0]
   its = np.broadcast_to(np.asarray(iterations, np.int32), (B,)).copy()
   n_dev = len(jax.local_devices())
@@ -127,8 +133,7 @@ def program(table: Table, batch: BlockBatch, iterations, *, fast_forward: bool =
   params = jax.tree.map(np.asarray, table.params)
   return ((params, table.structure, batch_p, its_p),
           dict(layout=table.layout, window=window, max_cycles=max_cycles,
-               fast_forward=fast_forward, slots=slots,
-               group=group_for(table.params.dispatch_width)), np.argsort(deal)[:B])
+               fast_forward=fast_forward, slots=slots, group=group), np.argsort(deal)[:B])
 
 
 def launch(call):

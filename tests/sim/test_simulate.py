@@ -129,6 +129,16 @@ def test_a_wider_window_gives_the_same_cycles(haswell):
                                 simulate(haswell, batch, iterations=37, window=448)[0])
 
 
+def test_a_wider_dispatch_pass_gives_the_same_cycles(haswell, shipped_blocks):
+  # The exact search runs tables of several dispatch widths with one (the widest) pass.
+  batch = encode(haswell, shipped_blocks[0], length=8)
+  assert haswell.params.dispatch_width == 4
+  np.testing.assert_array_equal(simulate(haswell, batch, iterations=37)[0],
+                                simulate(haswell, batch, iterations=37, group=8)[0])
+  with pytest.raises(ValueError, match="cannot serve dispatch width 4"):
+    simulate(haswell, batch, iterations=37, group=3)
+
+
 def test_a_window_smaller_than_the_rob_is_refused(haswell):
   batch = encode(haswell, [parse_asm(a) for a in SMALL], length=8)
   with pytest.raises(ValueError, match="smaller than the ROB"):
