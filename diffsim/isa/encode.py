@@ -35,7 +35,7 @@ import numpy as np
 from diffsim.isa import idioms
 from diffsim.isa.heap import collector_paused
 from diffsim.isa.ir import FLAGS, Block
-from diffsim.isa.memory import bank_edges, memory_edges
+from diffsim.isa.memory import bank_edges, commit_edges, memory_edges
 from diffsim.isa.roles import FIXED_ROLE, READ_CLASSES, REG_KINDS, WRITE_ROLES
 
 BUCKETS = (8, 16, 32, 64, 128, 256)
@@ -208,6 +208,8 @@ class Renaming:
       MEM write role and the load's mem read class.
     load_banks: loads an L1 bank serves a cycle (`memory.bank_edges`; the table's
       `l1_bank_loads`), 0 for no limit.
+    line_stores: consecutive stores to one line the L1 commits a cycle
+      (`memory.commit_edges`; the table's `l1_line_stores`), 0 for no limit.
   """
 
   kinds: frozenset = frozenset()
@@ -216,6 +218,7 @@ class Renaming:
   memory: bool = False  # loads depend on the stores they read from (`isa.memory`)
   memory_renaming: str = "operand"  # which of them skip memory (`isa.memory.RENAMING`)
   load_banks: int = 0  # loads a cycle per L1 bank (`isa.memory.bank_edges`); 0: no limit
+  line_stores: int = 0  # stores a cycle to one L1 line (`isa.memory.commit_edges`); 0: no limit
 
   def cost(self, write) -> int:
     """Physical registers `write` (an ir.Write) takes in its file: a vector write by
@@ -233,7 +236,8 @@ def renaming_for(table) -> Renaming | None:
   kinds = frozenset(k for ks in table.layout.file_kinds for k in ks)
   memory = bool(getattr(table.layout, "memory_dependences", False))
   banks = int(getattr(table.layout, "l1_bank_loads", 0))
-  if not kinds and not memory and not banks:
+  line_stores = int(getattr(table.layout, "l1_line_stores", 0))
+  if not kinds and not memory and not banks and not line_stores:
     return None
   # The tables mark a key `move_elim` when llvm-mca eliminated it alone, so any file
   # that eliminates moves at all will eliminate it.
@@ -244,7 +248,7 @@ def renaming_for(table) -> Renaming | None:
   costs = tuple(pair for pairs in table.layout.file_costs for pair in pairs)
   return Renaming(kinds=kinds, move_elim=elim, costs=costs, memory=memory,
                   memory_renaming=getattr(table.layout, "memory_renaming", "operand"),
-                  load_banks=banks)
+                  load_banks=banks, line_stores=line_stores)
 
 
 # An eliminated swap aliases both of its registers to the one llvm-mca reads first
@@ -640,6 +644,9 @@ def encode_block(block: Block, keys: Mapping[str, int], renaming: Renaming | Non
   if renaming is not None and renaming.load_banks:
     deps = [d + [(p, dist, FIXED_ROLE + w, _MEM_CLASS, -1, 0, ALWAYS) for p, dist, w in banks]
             for d, banks in zip(deps, bank_edges(block, renaming.load_banks))]
+  if renaming is not None and renaming.line_stores:
+    deps = [d + [(p, dist, FIXED_ROLE + w, _MEM_CLASS, -1, 0, ALWAYS) for p, dist, w in commit]
+            for d, commit in zip(deps, commit_edges(block, renaming.line_stores))]
   instrs, writes, edges = [], [], []
   for c, ins in enumerate(block.instrs):
     key = key_of(ins)

@@ -130,14 +130,17 @@ def graniterapids_facts(skylake: dict) -> dict:
     (`leaq (%rdi,%rcx,4),%rdi` 2.0): `LEA64r@index` and `@scale` keys;
   - 3 load ports (Golden Cove's 2, 3 and 11): 6 loads from one cache line take 2.0
     cycles, while one 4-byte L1 bank serves at most 2 loads a cycle (one load of a
-    fixed address 0.50, two 64 bytes apart 1.00: `memory.bank_edges`).
+    fixed address 0.50, two 64 bytes apart 1.00: `memory.bank_edges`);
+  - stores committed in order, two a cycle to one 64-byte line and one a cycle
+    otherwise (two stores 8 bytes apart 1.00 cycles an iteration, 64 apart 2.00:
+    `memory.commit_edges`).
   """
   d = copy.deepcopy(skylake)
   d["cpu"] = "graniterapids-facts"
   d["source"] = ("skylake (llvm-mca 14) changed by measured Xeon 6 rates and Golden Cove's "
                  "widths (diffsim.params.starts)")
   d["global"].update(dispatch_width=6, rob_size=512, memory_dependences=True,
-                     memory_renaming="address", l1_bank_loads=2)
+                     memory_renaming="address", l1_bank_loads=2, l1_line_stores=2)
   units = [r for r in d["resources"] if "members" not in r]
   groups = [r for r in d["resources"] if "members" in r]
   added = ("SKLPort8", "SKLPort9", "SKLPort10", "SKLPort11")

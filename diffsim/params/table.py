@@ -108,6 +108,9 @@ class Layout:
   # Loads one L1 bank serves a cycle (`diffsim.isa.memory.bank_edges`); 0: no limit,
   # as in llvm-mca.
   l1_bank_loads: int = 0
+  # Consecutive stores to one 64-byte line the L1 commits a cycle, one a cycle to other
+  # lines (`diffsim.isa.memory.commit_edges`); 0: no limit, as in llvm-mca.
+  l1_line_stores: int = 0
 
   @property
   def num_resources(self) -> int:
@@ -120,7 +123,7 @@ class Layout:
   def __hash__(self):
     return hash((self.cpu, len(self.keys), self.units, self.groups, self.group_members,
                  self.max_direct_units, self.max_kept_groups, self.memory_dependences,
-                 self.memory_renaming, self.l1_bank_loads))
+                 self.memory_renaming, self.l1_bank_loads, self.l1_line_stores))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,7 +361,8 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
       max_direct_units=max(1, int((cyc[:, :len(units)] > 0).sum(1).max(initial=0))),
       max_kept_groups=max(1, int((cyc[:, len(units):] > 0).sum(1).max(initial=0))),
       memory_dependences=bool(g.get("memory_dependences", False)),
-      memory_renaming=_memory_renaming(g), l1_bank_loads=int(g.get("l1_bank_loads", 0)))
+      memory_renaming=_memory_renaming(g), l1_bank_loads=int(g.get("l1_bank_loads", 0)),
+      l1_line_stores=int(g.get("l1_line_stores", 0)))
   # The resource model and globals as written, so that `export.to_json` can write
   # them back (the arrays keep only what the simulator needs).
   source = {"cpu": doc.get("cpu"), "source": doc.get("source"), "format": doc.get("format"),

@@ -105,7 +105,11 @@ def event_graph(facts: Facts, trace, iterations, soft: dict, hard: dict, dispatc
   D = facts.dep_off.shape[-1]
   holds = (it[:, None] >= facts.dep_first[c]) & (it[:, None] < facts.dep_last[c])
   p = i[:, None] - facts.dep_off[c]
-  dep_on = live[:, None] & facts.dep_on[c] & holds & (p >= 0)
+  # As in the hard run, a producer that retired before its consumer dispatched imposes
+  # nothing (only an edge of fixed weight can bind then: a register producer that
+  # retired has its result ready).
+  retired = r_t[jnp.clip(p, 0, T - 1)] <= d_t[:, None]
+  dep_on = live[:, None] & facts.dep_on[c] & holds & (p >= 0) & ~retired
   issue = [
       jnp.concatenate([i[:, None], T + p], -1),
       jnp.concatenate([live[:, None], dep_on], -1),

@@ -403,35 +403,57 @@ def test_memory_dependences_are_off_in_llvm_mca_tables():
   assert not (np.asarray(batch.dep_class) == READ_CLASSES.index("mem"))[batch.dep_valid].any()
 
 
-def _banked(loads_per_bank: int):
-  """graniterapids-facts with the L1 bank limit as measured (2) or off (0)."""
+def _xeon(**fields):
+  """graniterapids-facts with global `fields` changed (an L1 limit off: 0)."""
   from diffsim.params.table import from_json, load_json
 
   doc = load_json("graniterapids-facts")
-  doc["global"]["l1_bank_loads"] = loads_per_bank
+  doc["global"].update(fields)
   return from_json(doc)
 
 
-def test_l1_bank_limit_matches_the_xeon_soft_equals_hard_and_gradients_are_right():
-  """A load waits n cycles after its own instance two iterations back when its L1
-  banks take n loads an iteration (an edge of fixed weight): the Xeon 6's cycles per 100 iterations (`diffsim measure`: 49, 101, 73) against 3
-  load ports' 33, 67, 67 without the limit; the replay stays exact at tau = 0 and its
-  gradient right where latencies meet the bank edges."""
-  from diffsim.sim import simulate_blocks
-
-  asm = ["movq 8(%rbx), %rax", "movq 8(%rbx), %rax\nmovq 72(%rbx), %rcx",
-         "movl 8(%rbx), %eax\nmovl 12(%rbx), %ecx",
-         "movq 8(%rbx), %rax\naddq %rax, %rcx\nimulq %rcx, %rcx\nmovq 8(%rcx), %rdx"]
-  blocks = [parse_asm(a) for a in asm]
-  on, off = _banked(2), _banked(0)
-  steady = lambda t: [p.cycles for p in simulate_blocks(t, blocks[:3], throughput="steady")]  # noqa: E731
-  assert steady(on) == [50, 100, 67]
-  assert steady(off) == [33, 67, 67]
-  batch = encode(on, blocks, length=8)
-  cycles, _, traces = _record(on, batch)
-  total, _, min_slack = _soft(on, batch, traces, 0.0)
+def _exact_replay_and_gradient(table, blocks):
+  """The replay of `table`'s schedules is exact at tau = 0 and its latency gradient
+  matches central differences at tau = 0.7."""
+  batch = encode(table, blocks, length=8)
+  cycles, _, traces = _record(table, batch)
+  total, _, min_slack = _soft(table, batch, traces, 0.0)
   assert float(jnp.min(min_slack)) >= 0
   np.testing.assert_array_equal(np.asarray(total), np.asarray(cycles, np.float32))
   _latency_gradient_is_central_differences(
-      on, lambda p: _soft(on, batch, traces, 0.7, p)[1][3],
-      np.random.default_rng(1).normal(size=np.shape(on.params.latency)))
+      table, lambda p: _soft(table, batch, traces, 0.7, p)[1][-1],
+      np.random.default_rng(1).normal(size=np.shape(table.params.latency)))
+
+
+# The Xeon 6's L1 limits, each an edge of fixed weight (measured with `diffsim measure`, cycles
+# per 100 iterations, against the ports' rates without the limit); the last block of each
+# puts a latency chain beside the edges.
+L1_LIMITS = {
+    # A load waits n cycles after its own instance two iterations back when its L1 banks
+    # take n loads an iteration (`memory.bank_edges`): measured 49, 101, 73.
+    "l1_bank_loads": (["movq 8(%rbx), %rax", "movq 8(%rbx), %rax\nmovq 72(%rbx), %rcx",
+                       "movl 8(%rbx), %eax\nmovl 12(%rbx), %ecx",
+                       "movq 8(%rbx), %rax\naddq %rax, %rcx\nimulq %rcx, %rcx\nmovq 8(%rcx), %rdx"],
+                      [50, 100, 67], [33, 67, 67]),
+    # Stores commit in order, two a cycle to one 64-byte line and one a cycle otherwise
+    # (`memory.commit_edges`): measured 100, 200, 400.
+    "l1_line_stores": (["movq $1, (%rbx)\nmovq $2, 8(%rbx)", "movq $1, (%rbx)\nmovq $2, 64(%rbx)",
+                        "movq $1, (%rbx)\nmovq $1, 64(%rbx)\nmovq $2, 8(%rbx)\nmovq $2, 72(%rbx)",
+                        "addq %rax, %rcx\nmovq %rcx, (%rbx)\nmovq %rcx, 64(%rbx)\nmovq %rcx, 128(%rbx)"],
+                       [100, 200, 400], [100, 100, 200]),
+}
+
+
+@pytest.mark.parametrize("field", sorted(L1_LIMITS))
+def test_xeon_l1_limits_match_the_cpu_soft_equals_hard_and_gradients_are_right(field):
+  """Each limit on (2) gives the Xeon 6's measured cycles and off (0) the ports' rates;
+  the replay stays exact at tau = 0 and its gradient right where latencies meet it."""
+  from diffsim.sim import simulate_blocks
+
+  asm, measured, ports = L1_LIMITS[field]
+  blocks = [parse_asm(a) for a in asm]
+  on, off = _xeon(**{field: 2}), _xeon(**{field: 0})
+  steady = lambda t: [p.cycles for p in simulate_blocks(t, blocks[:3], throughput="steady")]  # noqa: E731
+  assert steady(on) == measured
+  assert steady(off) == ports
+  _exact_replay_and_gradient(on, blocks)
