@@ -99,12 +99,12 @@ def main() -> None:
     total = time.time() - t
   first, steady = res.history[-2], res.history[-1]
   setup = total - first["seconds"] - steady["seconds"]
-  record(f"gradient fit set-up: minibatches, first validation (compiles)", setup, m)
-  record(f"gradient epoch 1 (compiles the steps)", first["seconds"], cut)
+  record("gradient fit set-up: minibatches, first validation (compiles)", setup, m)
+  record("gradient epoch 1 (compiles the steps)", first["seconds"], cut)
   record(f"gradient epoch 2: steps over {cut} blocks", steady["steps_seconds"], cut)
   record(f"gradient epoch 2: validation on {m - cut} blocks",
          steady["seconds"] - steady["steps_seconds"], m - cut)
-  record(f"gradient epoch 2 in all (steps and validation)"
+  record("gradient epoch 2 in all (steps and validation)"
          + (f", scaled to {n} blocks" if m < n else ""), steady["seconds"] * n / m, n)
   peer = next((s for name, s, _ in rows if name.startswith("llvm-mca")), None)
   print("\n| step | seconds | blocks | blocks/s | x llvm-mca time |")

@@ -245,8 +245,7 @@ class Judge:
         part = pos[s:s + self.job]
         encs = [self.encodings[i] for i in ids[part]]
         if moved is not None:
-          K = self.K
-          encs = [_remapped(e, int(k), K + int(k)) if k >= 0 else e
+          encs = [_remapped(e, int(k), self.K + int(k)) if k >= 0 else e
                   for e, k in zip(encs, np.asarray(moved)[part])]
         encs += [encs[0]] * (self.job - len(encs))
         batch = assemble(encs, length=L, max_deps=D, max_uses=C)

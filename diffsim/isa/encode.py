@@ -641,12 +641,12 @@ def encode_block(block: Block, keys: Mapping[str, int], renaming: Renaming | Non
     deps = _ranged_edges(history)
   if renaming is not None and renaming.memory:
     deps = _through_memory(block, deps, renaming.memory_renaming)
-  if renaming is not None and renaming.load_banks:
-    deps = [d + [(p, dist, FIXED_ROLE + w, _MEM_CLASS, -1, 0, ALWAYS) for p, dist, w in banks]
-            for d, banks in zip(deps, bank_edges(block, renaming.load_banks))]
-  if renaming is not None and renaming.line_stores:
-    deps = [d + [(p, dist, FIXED_ROLE + w, _MEM_CLASS, -1, 0, ALWAYS) for p, dist, w in commit]
-            for d, commit in zip(deps, commit_edges(block, renaming.line_stores))]
+  # The L1's limits, as edges of fixed weight: (producer, distance, cycles) per instruction.
+  for limit, edges_of in ((renaming and renaming.load_banks, bank_edges),
+                          (renaming and renaming.line_stores, commit_edges)):
+    if limit:
+      deps = [d + [(p, dist, FIXED_ROLE + w, _MEM_CLASS, -1, 0, ALWAYS) for p, dist, w in fixed]
+              for d, fixed in zip(deps, edges_of(block, limit))]
   instrs, writes, edges = [], [], []
   for c, ins in enumerate(block.instrs):
     key = key_of(ins)
