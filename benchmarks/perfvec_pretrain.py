@@ -20,7 +20,12 @@ Stages (each resumable; rerunning the command skips what is done):
   3. the held-out report, and the model written to --ship (default: the package).
 
   python benchmarks/perfvec_pretrain.py [--out runs/perfvec-pretrained] [--ship DIR]
-      [--corpus 8000] [--blocks 1000] [--extra-blocks 2000]
+      [--corpus 8000] [--blocks 1000] [--extra-blocks 2000] [--encoder-tables 32]
+      [--from-model DIR]
+
+`--from-model DIR` takes stage 1's result from a saved model (its program encoder and
+training tables' vectors) and runs stages 2 and 3 only: a new table encoder for the same
+program vectors, so that what adapting to a measured CPU uses stays as it was.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import argparse
 import csv
 import dataclasses
 import json
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -84,6 +91,10 @@ def main() -> None:
                   help="BHive blocks split into train/validation/test (default 1,000)")
   ap.add_argument("--extra-blocks", type=int, default=None,
                   help="more training blocks, labelled on fewer tables (default 2,000)")
+  ap.add_argument("--encoder-tables", type=int, default=None,
+                  help="sampled tables per base for the table encoder's refit (default 32)")
+  ap.add_argument("--from-model", metavar="DIR", default="",
+                  help="stage 1's result from this saved model (e.g. the shipped one)")
   ap.add_argument("--epochs", type=int, default=0,
                   help="stop the joint training after this many epochs (0: the experiment's); "
                        "a rerun with fewer epochs than done finishes at once")
@@ -100,8 +111,13 @@ def main() -> None:
   exclude = heldout_hexes()
   t0 = time.time()
   joint = out / "joint.npz"
-  sizes = {k: v for k, v in (("blocks", args.blocks), ("extra_blocks", args.extra_blocks))
-           if v is not None}
+  sizes = {k: v for k, v in (("blocks", args.blocks), ("extra_blocks", args.extra_blocks),
+                             ("encoder_tables", args.encoder_tables)) if v is not None}
+  if args.from_model and not joint.exists():
+    shutil.copy(Path(args.from_model) / "model.npz", joint)
+    joint_epochs = re.search(r"(\d+) epochs of joint training",
+                             (Path(args.from_model) / "README.md").read_text())
+    (out / "joint-epochs.txt").write_text(joint_epochs.group(1) if joint_epochs else "?")
   exp1 = experiment(**sizes)
   exp1 = dataclasses.replace(exp1, encoder_tables=0, encoder_steps=0)
   if args.epochs:
@@ -163,7 +179,8 @@ def report(ship: Path, out: Path, hexes, exclude, exp, t0: float) -> None:
       samples=exp.samples, heldout_samples=exp.heldout_samples, blocks=exp.blocks,
       extra=exp.extra_blocks, extra_tables=exp.extra_tables, enc=exp.encoder_tables,
       enc_blocks=exp.encoder_blocks, dim=exp.dim, layers=exp.layers,
-      epochs=len(json.loads((out / "history.json").read_text())),
+      epochs=len(json.loads((out / "history.json").read_text()))
+      if (out / "history.json").exists() else (out / "joint-epochs.txt").read_text(),
       parts=doc["blocks"], table="\n".join(table),
       size=sum(sizes.values()) / 1e6, minutes=doc["seconds"] / 60))
 

@@ -9,13 +9,15 @@ part (and on redis-server's blocks).
 
 Predictors at each K:
 - PerfVec: `perfvec.adapt.adapt` (what `diffsim perfvec adapt` runs), the uarch vector
-  alone, and with `--fine-tune`'s refit of the last program layer;
+  alone, with `--fine-tune`'s refit of the last program layer, and with `--retrain`'s
+  (`diffsim perfvec adapt --fine-tune all`) of the whole program encoder at K >=
+  `--retrain-min-k`;
 - the simulator: the zen5-facts table (znver3 with Zen 5's public facts) fitted by
   gradient descent (`diffsim.fit.fit`, `--sim-epochs`) on the K rows; at K = all, the
   shipped zen5 table, which the exact search fitted on all training rows;
 - trees on opcode counts (`diffsim.fit.trees.OpcodeTrees`) fitted on the K rows.
 
-  python benchmarks/perfvec_zen5.py [--ks 32,128,512,2048,all] [--test 1500]
+  python benchmarks/perfvec_zen5.py [--ks 32,128,512,2048,all] [--test 1000] [--retrain]
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def main() -> None:
   ap.add_argument("--sim-epochs", type=int, default=3, help="0: no simulator fit")
   ap.add_argument("--sim-max-k", type=int, default=512, help="largest K fitted by gradient")
   ap.add_argument("--fine-tune", action="store_true", help="also the fine-tuned PerfVec")
+  ap.add_argument("--retrain", action="store_true",
+                  help="also PerfVec with its program encoder retrained (fine-tune all)")
+  ap.add_argument("--retrain-min-k", type=int, default=512)
   ap.add_argument("--only", choices=("all", "baselines", "perfvec"), default="all",
                   help="baselines: only the simulator and trees (OUT/baselines.json, no model "
                        "needed); perfvec: only PerfVec, with OUT/baselines.json's columns")
@@ -67,7 +72,7 @@ def main() -> None:
     base = {r["K"]: r for r in json.loads((out / "baselines.json").read_text())} \
         if (out / "baselines.json").exists() else {}
     rows = [{**base.get(r["K"], {}), **r} for r in rows]
-    print_tables(rows, args.test, args.test, any("fine" in r for r in rows))
+    print_tables(rows, args.test, args.test)
     return
   ds = load_csv(shared_data_dir() / "measured" / "zen5-measured.csv")
   apps = np.asarray(ds.extra["source_app"])
@@ -130,6 +135,15 @@ def main() -> None:
       row["fine_redis"] = score(trained.predict(programs(trained, take(redis), f), f.uarch),
                                 redis)
       row["fine_cv"] = f.cv_mape
+    if args.retrain and args.only != "baselines" and K >= args.retrain_min_k:
+      t = time.time()
+      f = adapt(trained, take(ids), ds.y[ids], fine_tune="all", programs=p_train[:K],
+                log=print)
+      row["retrain_s"] = time.time() - t
+      row["retrain"] = score(trained.predict(programs(trained, take(test), f), f.uarch), test)
+      row["retrain_redis"] = score(
+          trained.predict(programs(trained, take(redis), f), f.uarch), redis)
+      row["retrain_cv"] = f.cv_mape
     if args.only == "perfvec":
       rows.append(row)
       print(json.dumps(row, default=float), flush=True)
@@ -164,23 +178,27 @@ def main() -> None:
     return
   (out / "report.json").write_text(json.dumps(rows, indent=1, default=float))
 
-  print_tables(rows, len(test), len(redis), args.fine_tune)
+  print_tables(rows, len(test), len(redis))
 
 
-def print_tables(rows, n_test, n_redis, fine_tune):
+def print_tables(rows, n_test, n_redis):
   def cell(r, key):
     return f"{100 * r[key]['mape']:.1f}% ({r[key]['tau']:.3f})" if key in r else "-"
+
+  fine_tune, retrain = (any(k in r for r in rows) for k in ("fine", "retrain"))
 
   for suffix, title in (("", f"test part ({n_test} blocks)"),
                         ("_redis", f"redis-server ({n_redis} blocks)")):
     print(f"\nZen 5, {title}: MAPE (Kendall tau) after K measured training rows")
     heads = ["PerfVec adapt", *(["PerfVec adapt --fine-tune"] if fine_tune else []),
+             *(["PerfVec adapt --fine-tune all"] if retrain else []),
              "simulator table", "trees on opcode counts"]
     print("| K | " + " | ".join(heads) + " | PerfVec CV (its own estimate) |")
     print("|---|" + "---|" * (len(heads) + 1))
     for r in rows:
       cells = [cell(r, "perfvec" + suffix),
                *([cell(r, "fine" + suffix)] if fine_tune else []),
+               *([cell(r, "retrain" + suffix)] if retrain else []),
                cell(r, "sim" + suffix), cell(r, "trees" + suffix)]
       cv = f"{100 * r['perfvec_cv']:.1f}%" if "perfvec_cv" in r else "-"
       print(f"| {r['K']:,} | " + " | ".join(cells) + f" | {cv} |")

@@ -4,7 +4,7 @@ to a measured CPU, and rank candidate tables (design-space exploration).
   diffsim perfvec train [IN.csv | --shipped NAME] --out DIR     resumable
   diffsim perfvec embed IN.csv [--model DIR] -o VECS.npy
   diffsim perfvec predict IN.csv [--model DIR] --uarch NAME|PARAMS.json|UARCH.npz -o OUT.csv
-  diffsim perfvec adapt MEASURED.csv [--model DIR] [--fine-tune] -o UARCH.npz
+  diffsim perfvec adapt MEASURED.csv [--model DIR] [--fine-tune [last|all]] -o UARCH.npz
   diffsim perfvec dse IN.csv [--model DIR] --base zen5 --candidates 1000 [--check 10]
 
 Without --model, the pretrained model that ships in the package is used
@@ -19,7 +19,8 @@ writes `hex,prediction,error` like `diffsim simulate`, in cycles per 100 iterati
 table: the encoder's vector, adapted on `--probes` of the model's probe blocks simulated
 on that table (0: the encoder's vector alone). `adapt` fits a uarch vector to measured
 throughputs (BHive format) and reports its cross-validated error; it refuses, naming
-why, when fewer than 8 rows are usable. `dse` ranks candidate tables sampled around a
+why, when fewer than 8 rows are usable (256 for `--fine-tune all`, which retrains the
+whole program encoder and reports its error on a tenth of the rows kept out). `dse` ranks candidate tables sampled around a
 base by their mean predicted cycles on the input's blocks.
 """
 
@@ -109,9 +110,10 @@ def add_subcommand(subparsers) -> None:
   p.add_argument("--init", metavar="NAME",
                  help="start from this uarch (default: the training uarch that predicts the "
                       "rows best)")
-  p.add_argument("--fine-tune", action="store_true",
-                 help="also refit the program encoder's last (linear) layer, pulled towards "
-                      "the trained one")
+  p.add_argument("--fine-tune", nargs="?", const="last", choices=("last", "all"),
+                 help="also refit the program encoder: `last` (the flag alone) its last "
+                      "(linear) layer, pulled towards the trained one; `all` the whole "
+                      "encoder, from thousands of rows (a tenth kept out to stop it)")
   p.add_argument("--folds", type=positive_int, default=5,
                  help="folds of the cross-validated error reported (5)")
   p.set_defaults(func=cmd_adapt)
@@ -253,7 +255,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
       raise CliError(f"--uarch {args.uarch} was adapted for another model (fingerprint "
                      f"{adapted.model}, this one {trained.fingerprint}); adapt again with "
                      f"this --model")
-    if adapted.kernel is not None:  # fine-tuned: the program vectors change too
+    if adapted.kernel is not None or adapted.encoder is not None:  # the vectors change too
       _, rows = read_rows(args)
       good = [i for i, (_, err) in enumerate(status) if err is None]
       blocks = decode_rows([rows[i] for i in good], False)
@@ -290,7 +292,8 @@ def cmd_adapt(args: argparse.Namespace) -> int:
   try:
     check_rows(len(rows), ok, reasons)
     a = adapt(trained, [blocks[i] for i in ok], y[ok], init=args.init,
-              fine_tune=args.fine_tune, folds=args.folds, log=say)
+              fine_tune=args.fine_tune or False, folds=args.folds, progress=args.progress,
+              log=say)
   except (ValueError, KeyError) as e:
     raise CliError(f"{path}: {e}") from None
   try:
@@ -300,7 +303,8 @@ def cmd_adapt(args: argparse.Namespace) -> int:
   if len(ok) < len(rows):
     say(f"perfvec adapt: {len(rows) - len(ok)} of {len(rows)} rows left out ("
         + "; ".join(f"{n} {r}" for r, n in reasons.items()) + ")")
-  say(f"wrote {args.output}: cross-validated MAPE {100 * a.cv_mape:.1f}% on {a.rows} rows; "
+  how = "on the tenth kept out" if a.encoder is not None else "cross-validated"
+  say(f"wrote {args.output}: MAPE {100 * a.cv_mape:.1f}% {how} ({a.rows} rows); "
       f"predict with `diffsim perfvec predict IN.csv --uarch {args.output}`")
   return 0
 

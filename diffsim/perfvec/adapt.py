@@ -3,15 +3,20 @@
 Given measured throughputs of a few blocks (BHive format, `diffsim measure`'s output),
 `adapt` fits the CPU's uarch vector with everything else frozen (`reuse.fit_uarch`),
 starting from the training table whose vector already predicts the rows best. With
-`fine_tune`, it also refits the program encoder's last layer, lightly: that layer is
-linear and its outputs are summed over the block, so a program vector is
+`fine_tune="last"`, it also refits the program encoder's last layer, lightly: that layer
+is linear and its outputs are summed over the block, so a program vector is
   S @ W + n * b,  S = the last LSTM layer's outputs summed over the counted steps,
 and the refit needs S (computed once per block, `lstm_sums`) rather than the LSTM.
+With `fine_tune="all"` (thousands of rows), the whole program encoder trains on the
+rows with the uarch vector, from the pretrained weights: the foundation-model use when
+a CPU has been measured at length, since a frozen encoder cannot learn what the
+simulator sweeps never showed it (Zen 5's stack and memory behaviour).
 
-Every adaptation reports its own K-fold cross-validated error on the rows (each fold
-fitted afresh on the others), so that a user with a handful of blocks knows what to
-expect on the rest. The result (`Adapted`) saves to one .npz that names the model it
-belongs to.
+Every adaptation reports its own estimate of its error on blocks it did not fit: the
+K-fold cross-validated error on the rows (each fold fitted afresh on the others), so
+that a user with a handful of blocks knows what to expect on the rest; for "all", the
+error on a tenth of the rows kept out of training, which also stops it. The result
+(`Adapted`) saves to one .npz that names the model it belongs to.
 """
 
 from __future__ import annotations
@@ -30,12 +35,14 @@ import optax
 from diffsim.data import metrics
 from diffsim.isa.ir import Block
 from diffsim.perfvec.features import SEQ_BUCKETS, encode_sequences
-from diffsim.perfvec.learn import _model, _pad_to, _sequences, descend
+from diffsim.perfvec.learn import _model, _pad_to, _program_vectors, _sequences, descend
 from diffsim.perfvec.model import PerfVec
 from diffsim.perfvec.reuse import Trained, _robust_error, fit_uarch
 
 MIN_ROWS = 8  # fewer usable rows cannot be cross-validated into a trustworthy error
+MIN_ROWS_ALL = 256  # fewer cannot train the whole encoder (nor keep a tenth to stop it)
 FOLDS = 5
+FINE_TUNES = ("last", "all")
 
 
 @dataclasses.dataclass
@@ -50,11 +57,18 @@ class Adapted:
   model: str  # fingerprint of the model it belongs to (`Trained.fingerprint`)
   kernel: np.ndarray | None = None  # [dim, dim] fine-tuned program.instruction kernel
   bias: np.ndarray | None = None  # [dim]
+  encoder: dict | None = None  # the retrained program encoder's parameters ("all")
 
   def save(self, path: str | Path) -> Path:
+    from flax.traverse_util import flatten_dict
+
     meta = dict(init=self.init, rows=self.rows, cv_mape=self.cv_mape, cv_tau=self.cv_tau,
-                model=self.model, fine_tuned=self.kernel is not None)
+                model=self.model, fine_tuned=self.kernel is not None,
+                retrained=self.encoder is not None)
     extra = {} if self.kernel is None else dict(kernel=self.kernel, bias=self.bias)
+    if self.encoder is not None:
+      extra.update({"encoder/" + "/".join(k): np.asarray(v, np.float32)
+                    for k, v in flatten_dict(jax.device_get(self.encoder)).items()})
     path = Path(path)
     with open(path, "wb") as f:  # np.savez would append .npz to any other name
       np.savez(f, uarch=self.uarch, meta=np.array(json.dumps(meta)), **extra)
@@ -62,13 +76,18 @@ class Adapted:
 
   @staticmethod
   def load(path: str | Path) -> Adapted:
+    from flax.traverse_util import unflatten_dict
+
     with np.load(path) as z:
       if "uarch" not in z.files or "meta" not in z.files:
         raise ValueError(f"{path} is not a `diffsim perfvec adapt` output (no uarch vector)")
       meta = json.loads(str(z["meta"]))
+      enc = {tuple(k.split("/")[1:]): jnp.asarray(z[k]) for k in z.files
+             if k.startswith("encoder/")}
       return Adapted(z["uarch"], meta["init"], meta["rows"], meta["cv_mape"], meta["cv_tau"],
                      meta["model"], z["kernel"] if "kernel" in z.files else None,
-                     z["bias"] if "bias" in z.files else None)
+                     z["bias"] if "bias" in z.files else None,
+                     unflatten_dict(enc) if enc else None)
 
 
 def usable(blocks: Sequence[Block | Exception], y: np.ndarray) -> tuple[np.ndarray, dict]:
@@ -130,8 +149,16 @@ def _last_layer(trained: Trained) -> tuple[np.ndarray, np.ndarray]:
   return np.asarray(layer["kernel"]), np.asarray(layer["bias"])
 
 
+def _with_encoder(trained: Trained, encoder: dict) -> dict:
+  """The model's variables with the program encoder's parameters replaced."""
+  v = trained.variables
+  return {**v, "params": {**v["params"], "program": encoder}}
+
+
 def programs(trained: Trained, blocks: Sequence[Block], adapted: Adapted | None = None):
-  """[N, dim] program vectors, under the adapted last layer when it was fine-tuned."""
+  """[N, dim] program vectors, under the adapted encoder or last layer when fine-tuned."""
+  if adapted is not None and adapted.encoder is not None:
+    return _program_vectors(_with_encoder(trained, adapted.encoder), trained.cfg, blocks)
   if adapted is None or adapted.kernel is None:
     return trained.embed(blocks)
   S, n = lstm_sums(trained, blocks)
@@ -169,6 +196,79 @@ def _fit(trained, P, S, n, y, u0, fine_tune: bool, prior_ft: float):
   return np.asarray(u), np.asarray(kernel), np.asarray(bias)
 
 
+def _retrain_step(cfg, opt):
+  """One Adam step on the program encoder and the uarch vector (mean robust error)."""
+
+  @jax.jit
+  def step(x, opt_state, variables, seq, t, real):
+    def loss(x):
+      v = {**variables, "params": {**variables["params"], "program": x["program"]}}
+      P = _model(cfg).apply(v, seq, method=PerfVec.embed)
+      err = _robust_error(P, t, x["uarch"])
+      return jnp.sum(jnp.where(real, err, 0.0)) / jnp.maximum(jnp.sum(real), 1)
+
+    value, grad = jax.value_and_grad(loss)(x)
+    updates, opt_state = opt.update(grad, opt_state, x)
+    return optax.apply_updates(x, updates), opt_state, value
+
+  return step
+
+
+def retrain(trained: Trained, blocks: Sequence[Block], y: np.ndarray, u0: np.ndarray, *,
+            epochs: int = 20, patience: int = 3, batch_size: int = 64, lr: float = 1e-3,
+            seed: int = 0, progress: bool = False, log=None):
+  """The whole program encoder and the uarch vector trained on measured rows, from the
+  pretrained weights and `u0`; a tenth of the rows (seeded) is kept out to stop it
+  (the best epoch by their MAPE) and to estimate its error.
+
+  Returns:
+    (encoder parameters, uarch [dim], the kept rows' MAPE, their Kendall tau).
+  """
+  from diffsim.fit.learn import _bar
+
+  K = len(y)
+  t_all = np.log(np.asarray(y, np.float32) / 100.0)
+  order = np.random.default_rng(seed).permutation(K)
+  keep, fit_ids = order[:max(1, K // 10)], order[max(1, K // 10):]
+  cfg = trained.cfg
+  n_batches = len(_sequences(blocks, fit_ids, batch_size, 0))
+  opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+      optax.warmup_cosine_decay_schedule(0.0, lr, max(1, n_batches // 2),
+                                         max(2, epochs * n_batches), lr * 0.05),
+      weight_decay=1e-4))
+  x = dict(program=trained.variables["params"]["program"], uarch=jnp.asarray(u0))
+  opt_state = opt.init(x)
+  step = _retrain_step(cfg, opt)
+  kept_blocks = [blocks[i] for i in keep]
+
+  def score(x):
+    P = _program_vectors(_with_encoder(trained, x["program"]), cfg, kept_blocks)
+    pred = trained.predict(P, np.asarray(x["uarch"]))
+    return metrics.mape(pred, y[keep]), metrics.kendall_tau(pred, y[keep])
+
+  best, (best_mape, best_tau) = x, score(x)
+  if log:
+    log(f"retraining the program encoder on {len(fit_ids)} rows; {len(keep)} kept out: "
+        f"MAPE {100 * best_mape:.1f}% before")
+  bad = 0
+  for epoch in range(epochs):
+    batches = _sequences(blocks, fit_ids, batch_size, seed * 1000 + epoch)
+    for S, ids in _bar(batches, f"epoch {epoch + 1}/{epochs}", progress):
+      padded, real = _pad_to(ids, batch_size)
+      seq = encode_sequences([blocks[i] for i in padded], S)
+      x, opt_state, _ = step(x, opt_state, trained.variables, seq, t_all[padded], real)
+    mape, tau = score(x)
+    if log:
+      log(f"epoch {epoch + 1}: kept rows' MAPE {100 * mape:.2f}%, tau {tau:.3f}")
+    if mape < best_mape:
+      best, best_mape, best_tau, bad = x, mape, tau, 0
+    else:
+      bad += 1
+      if bad >= patience:
+        break
+  return best["program"], np.asarray(best["uarch"], np.float32), best_mape, best_tau
+
+
 def nearest_uarch(trained: Trained, P: np.ndarray, y: np.ndarray) -> str:
   """The training uarch whose own vector predicts the rows best (MAPE)."""
   tab = np.asarray(trained.variables["params"]["uarch_table"])
@@ -177,31 +277,51 @@ def nearest_uarch(trained: Trained, P: np.ndarray, y: np.ndarray) -> str:
 
 
 def adapt(trained: Trained, blocks: Sequence[Block], y: np.ndarray, *,
-          init: str | None = None, fine_tune: bool = False, folds: int = FOLDS,
+          init: str | None = None, fine_tune: bool | str = False, folds: int = FOLDS,
           fine_tune_prior: float | None = None, programs: np.ndarray | None = None,
-          seed: int = 0, log=None) -> Adapted:
-  """A uarch vector (and with `fine_tune` the last program layer) fitted to measured
-  cycles per 100 iterations `y` of `blocks`, with its K-fold cross-validated error.
+          seed: int = 0, progress: bool = False, log=None) -> Adapted:
+  """A uarch vector (and with `fine_tune` the last program layer, or the whole program
+  encoder) fitted to measured cycles per 100 iterations `y` of `blocks`, with its own
+  estimate of its error on blocks it did not fit.
 
   Args:
-    blocks: decoded blocks, each usable (`usable`); at least MIN_ROWS.
+    blocks: decoded blocks, each usable (`usable`); at least MIN_ROWS (MIN_ROWS_ALL for
+      "all").
     y: [K] measured cycles per 100 iterations.
     init: the uarch to start from (a training uarch, a table name or JSON path); None:
       the training uarch that predicts the rows best (`nearest_uarch`).
-    fine_tune_prior: the pull of the fine-tuned layer towards the trained one; None:
-      10 / sqrt(K) (stronger with fewer rows).
+    fine_tune: False (the uarch vector alone), "last" (or True: the last program layer
+      too, K-fold cross-validated) or "all" (`retrain`: the whole program encoder, a
+      tenth of the rows kept out).
+    fine_tune_prior: the pull of the fine-tuned last layer towards the trained one;
+      None: 10 / sqrt(K) (stronger with fewer rows).
     programs: [K, dim] the blocks' program vectors, when the caller has them already.
 
   Raises:
-    ValueError: fewer than MIN_ROWS rows.
+    ValueError: too few rows, or an unknown `fine_tune`.
   """
+  fine_tune = "last" if fine_tune is True else fine_tune
+  if fine_tune and fine_tune not in FINE_TUNES:
+    raise ValueError(f"fine_tune {fine_tune!r}: one of {', '.join(FINE_TUNES)}")
   y = np.asarray(y, np.float32)
   K = len(y)
+  if fine_tune == "all" and K < MIN_ROWS_ALL:
+    raise ValueError(f"{K} rows; retraining the program encoder (fine-tune all) needs at "
+                     f"least {MIN_ROWS_ALL} measured blocks: with fewer, fine-tune the last "
+                     f"layer only")
   check_rows(K, np.arange(K), {})
   P = trained.embed(blocks) if programs is None else np.asarray(programs, np.float32)
-  S, n = lstm_sums(trained, blocks) if fine_tune else (None, None)
   init = init or nearest_uarch(trained, P, y)
   u0 = trained.uarch(init)
+  if fine_tune == "all":
+    encoder, u, mape, tau = retrain(trained, blocks, y, fit_uarch(trained, P, y, u0),
+                                    seed=seed, progress=progress, log=log)
+    a = Adapted(u, init, K, float(mape), float(tau), trained.fingerprint, encoder=encoder)
+    if log:
+      log(f"adapted from {init} on {K} measured blocks (program encoder retrained): "
+          f"MAPE {100 * a.cv_mape:.1f}%, Kendall tau {a.cv_tau:.3f} on the tenth kept out")
+    return a
+  S, n = lstm_sums(trained, blocks) if fine_tune else (None, None)
   prior_ft = 10.0 / np.sqrt(K) if fine_tune_prior is None else fine_tune_prior
   fold = np.random.default_rng(seed).permutation(K) % min(folds, K)
   out = np.zeros(K, np.float32)

@@ -34,6 +34,15 @@ def zen5():
   return ds, blocks, np.array(ok)
 
 
+def split_csvs(ds, fit_ids, test_ids, where):
+  """fit.csv (hex and measured cycles of `fit_ids`) and test.csv (hex of `test_ids`)."""
+  train_csv, test_csv = where / "fit.csv", where / "test.csv"
+  train_csv.write_text("hex,cycles_per_100_iterations\n"
+                       + "".join(f"{ds.hex[i]},{ds.y[i]}\n" for i in fit_ids))
+  test_csv.write_text("hex\n" + "".join(f"{ds.hex[i]}\n" for i in test_ids))
+  return train_csv, test_csv
+
+
 def test_ships_as_small_package_data():
   import tomllib
   from pathlib import Path
@@ -83,10 +92,7 @@ def test_adapt_then_predict_from_the_command_line(zen5, tmp_path, capsys):
   vector before adapting, about 30%."""
   ds, blocks, ok = zen5
   fit_ids, test_ids = ok[:64], ok[64:364]
-  train_csv, test_csv = tmp_path / "fit.csv", tmp_path / "test.csv"
-  train_csv.write_text("hex,cycles_per_100_iterations\n"
-                       + "".join(f"{ds.hex[i]},{ds.y[i]}\n" for i in fit_ids))
-  test_csv.write_text("hex\n" + "".join(f"{ds.hex[i]}\n" for i in test_ids))
+  train_csv, test_csv = split_csvs(ds, fit_ids, test_ids, tmp_path)
   uarch = tmp_path / "zen5.npz"
   assert main(["perfvec", "adapt", str(train_csv), "-o", str(uarch)]) == 0
   err = capsys.readouterr().err
@@ -125,6 +131,69 @@ def test_fine_tuned_layer_is_the_linear_map_of_the_lstm_sums(model, zen5):
   a = adapt(model, sel, np.full(20, 100.0), fine_tune=True, folds=2)
   assert a.kernel.shape == layer["kernel"].shape
   assert np.isfinite(programs(model, sel, a)).all()
+
+
+def test_retrained_encoder_round_trips_through_the_command_line(zen5, model, tmp_path,
+                                                              capsys):
+  """`adapt --fine-tune all` trains the whole program encoder (a tenth of the rows kept
+  out), saves it beside the uarch vector, and `predict` embeds with the saved encoder;
+  below 256 rows it refuses, saying so."""
+  import jax
+
+  ds, blocks, ok = zen5
+  fit_ids, test_ids = ok[:300], ok[300:340]
+  train_csv, test_csv = split_csvs(ds, fit_ids, test_ids, tmp_path)
+  uarch = tmp_path / "all.npz"
+  assert main(["perfvec", "adapt", str(train_csv), "--fine-tune", "all", "-o", str(uarch)]) == 0
+  assert "on the tenth kept out" in capsys.readouterr().err
+  a = Adapted.load(uarch)
+  assert a.rows == 300 and a.kernel is None and 0 < a.cv_mape < 0.6
+  before = model.variables["params"]["program"]
+  assert (jax.tree_util.tree_structure(a.encoder) == jax.tree_util.tree_structure(before))
+  # Whatever training kept, `predict` must embed with the saved encoder: change it.
+  a.encoder = {**a.encoder, "instruction": {
+      "kernel": 1.5 * np.asarray(a.encoder["instruction"]["kernel"]),
+      "bias": np.asarray(a.encoder["instruction"]["bias"])}}
+  a.save(uarch)
+  out = tmp_path / "pred.csv"
+  assert main(["perfvec", "predict", str(test_csv), "--uarch", str(uarch), "-o", str(out)]) == 0
+  sel = [blocks[i] for i in test_ids]
+  want = model.predict(programs(model, sel, Adapted.load(uarch)), a.uarch)
+  np.testing.assert_allclose(load_csv(out).y, want, rtol=1e-3)
+  assert metrics.mape(model.predict(model.embed(sel), a.uarch), want) > 0.05
+  few = tmp_path / "few.csv"
+  few.write_text("".join(train_csv.read_text().splitlines(True)[:101]))
+  assert main(["perfvec", "adapt", str(few), "--fine-tune", "all",
+               "-o", str(tmp_path / "x.npz")]) != 0
+  assert "needs at least 256" in capsys.readouterr().err
+
+
+def test_retraining_step_learns_what_the_frozen_encoder_cannot(zen5, model):
+  """One batch of 256 blocks (more than the vector's 128 numbers) whose labels grow with the square of the block's length (no uarch
+  vector on frozen program vectors, sums over instructions, fits that): 40 steps of
+  `adapt`'s retraining step at its rate must halve the error the start leaves."""
+  import jax.numpy as jnp
+  import optax
+
+  from diffsim.perfvec.adapt import _retrain_step
+  from diffsim.perfvec.features import encode_sequences, seq_bucket
+  from diffsim.perfvec.reuse import fit_uarch
+
+  _, blocks, ok = zen5
+  sel = [b for b in (blocks[i] for i in ok) if seq_bucket(len(b.instrs)) == seq_bucket(8)][:256]
+  n = np.array([len(b.instrs) for b in sel], np.float32)
+  y = 20.0 * n**2
+  u0 = fit_uarch(model, model.embed(sel), y, model.uarch("zen5"))
+  seq = encode_sequences(sel, seq_bucket(8))
+  t, real = jnp.log(y / 100.0), jnp.ones(len(sel), bool)
+  opt = optax.adam(1e-3)
+  x = dict(program=model.variables["params"]["program"], uarch=jnp.asarray(u0))
+  step, state = _retrain_step(model.cfg, opt), opt.init(x)
+  losses = []
+  for _ in range(40):
+    x, state, loss = step(x, state, model.variables, seq, t, real)
+    losses.append(float(loss))
+  assert losses[-1] < 0.5 * losses[0], losses
 
 
 def test_dse_ranks_by_one_product_and_agrees_with_each_table(model, zen5):
