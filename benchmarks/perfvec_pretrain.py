@@ -36,6 +36,7 @@ import dataclasses
 import json
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -164,7 +165,7 @@ def report(ship: Path, out: Path, hexes, exclude, exp, t0: float) -> None:
   trained = load(ship)
   data = build_data(hexes, None, exp, out / "labels", exclude=exclude, progress=False)
   rows = evaluate(trained, data, (0, 256))
-  doc = dict(rows=rows, command="python benchmarks/perfvec_pretrain.py",
+  doc = dict(rows=rows, command=" ".join(["python", *sys.argv]),
                 blocks=dict(train=int((data.part == 0).sum()), val=int((data.part == 1).sum()),
                             test=int((data.part == 2).sum())),
                 experiment=dataclasses.asdict(exp), seconds=time.time() - t0)
@@ -182,7 +183,7 @@ def report(ship: Path, out: Path, hexes, exclude, exp, t0: float) -> None:
       epochs=len(json.loads((out / "history.json").read_text()))
       if (out / "history.json").exists() else (out / "joint-epochs.txt").read_text(),
       parts=doc["blocks"], table="\n".join(table),
-      size=sum(sizes.values()) / 1e6, minutes=doc["seconds"] / 60))
+      size=sum(sizes.values()) / 1e6, minutes=doc["seconds"] / 60, command=doc["command"]))
 
 
 README = """# The pretrained PerfVec model
@@ -191,8 +192,8 @@ README = """# The pretrained PerfVec model
 read this model: `model.npz` (the variables and config), `model.json` (training uarchs,
 experiment, probe blocks), `report.json` (the held-out report below). {size:.1f} MB.
 
-Trained by `python benchmarks/perfvec_pretrain.py` (resumable; {minutes:.0f} minutes for the
-last stages on a shared 2-core Xeon 6 VM; see benchmarks/RESULTS.md, PerfVec).
+Trained by `{command}` (resumable; {minutes:.0f} minutes for the last
+stages on a 2-core Xeon 6 VM; see benchmarks/RESULTS.md, PerfVec).
 
 - Tables: {bases} and {samples} tables sampled around each (seed 0) for training; {heldout_samples}
   more sampled tables per base and the shipped tables {heldout} held out entirely. The

@@ -154,6 +154,9 @@ def sweep_labels(blocks: Sequence[Block], uarchs: Sequence[Uarch], cache_dir: Pa
     bar.update(1)
   bar.close()
   if done_pairs:
+    # A base's programs are not run again, and a process holds only so many compiled
+    # ones (memory mappings): labelling four bases with their encoder tables ran out.
+    jax.clear_caches()
     dt = time.time() - t0
     log(f"labelled {done_pairs} (uarch, block) pairs of {uarchs[0].base} in {dt:.1f} s: "
         f"{done_pairs / dt:.0f} pairs/s")
