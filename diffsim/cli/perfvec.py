@@ -115,7 +115,8 @@ def add_subcommand(subparsers) -> None:
                       "(linear) layer, pulled towards the trained one; `all` the whole "
                       "encoder, from thousands of rows (a tenth kept out to stop it)")
   p.add_argument("--folds", type=positive_int, default=5,
-                 help="folds of the cross-validated error reported (5)")
+                 help="folds of the cross-validated error reported (5; `--fine-tune all` "
+                      "reports its error on the tenth of the rows it kept out instead)")
   p.set_defaults(func=cmd_adapt)
 
   p = sub.add_parser("dse", help="rank candidate tables by mean predicted cycles on blocks")
