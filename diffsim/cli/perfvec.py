@@ -20,14 +20,17 @@ table: the encoder's vector, adapted on `--probes` of the model's probe blocks s
 on that table (0: the encoder's vector alone). `adapt` fits a uarch vector to measured
 throughputs (BHive format) and reports its cross-validated error; it refuses, naming
 why, when fewer than 8 rows are usable (256 for `--fine-tune all`, which retrains the
-whole program encoder and reports its error on a tenth of the rows kept out). `dse` ranks candidate tables sampled around a
+whole program encoder, reports its error on a tenth of the rows kept out, and checkpoints
+every epoch in OUT.retrain-HASH/, so that the same command resumes after an interruption). `dse` ranks candidate tables sampled around a
 base by their mean predicted cycles on the input's blocks.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 from pathlib import Path
 
 from diffsim.cli.common import (CliError, add_hosts, add_input, decode_rows, enable_compile_cache,
@@ -290,17 +293,23 @@ def cmd_adapt(args: argparse.Namespace) -> int:
   if len(ok) < len(rows) and any(r.error for r in rows):
     bad = sum(1 for r in rows if r.error)
     reasons = {**reasons, "are malformed rows": bad}
+  # Retraining checkpoints every epoch beside the output, under a name that hashes the
+  # model and the rows, so that a rerun of the same command resumes; gone once written.
+  digest = hashlib.blake2b(trained.fingerprint.encode() + "".join(
+      f"{blocks[i].hex},{y[i]}\n" for i in ok).encode(), digest_size=6).hexdigest()
+  checkpoints = Path(f"{args.output}.retrain-{digest}")
   try:
     check_rows(len(rows), ok, reasons)
     a = adapt(trained, [blocks[i] for i in ok], y[ok], init=args.init,
               fine_tune=args.fine_tune or False, folds=args.folds, progress=args.progress,
-              log=say)
+              checkpoints=checkpoints if args.fine_tune == "all" else None, log=say)
   except (ValueError, KeyError) as e:
     raise CliError(f"{path}: {e}") from None
   try:
     a.save(args.output)
   except OSError as e:
     raise CliError(f"cannot write {args.output}: {e.strerror}") from None
+  shutil.rmtree(checkpoints, ignore_errors=True)
   if len(ok) < len(rows):
     say(f"perfvec adapt: {len(rows) - len(ok)} of {len(rows)} rows left out ("
         + "; ".join(f"{n} {r}" for r, n in reasons.items()) + ")")

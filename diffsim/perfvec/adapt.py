@@ -35,7 +35,8 @@ import optax
 from diffsim.data import metrics
 from diffsim.isa.ir import Block
 from diffsim.perfvec.features import SEQ_BUCKETS, encode_sequences
-from diffsim.perfvec.learn import _model, _pad_to, _program_vectors, _sequences, descend
+from diffsim.perfvec.learn import (_model, _pad_to, _program_vectors, _sequences, descend,
+                                   lstm_optimizer, with_params)
 from diffsim.perfvec.model import PerfVec
 from diffsim.perfvec.reuse import Trained, _robust_error, fit_uarch
 
@@ -149,16 +150,11 @@ def _last_layer(trained: Trained) -> tuple[np.ndarray, np.ndarray]:
   return np.asarray(layer["kernel"]), np.asarray(layer["bias"])
 
 
-def _with_encoder(trained: Trained, encoder: dict) -> dict:
-  """The model's variables with the program encoder's parameters replaced."""
-  v = trained.variables
-  return {**v, "params": {**v["params"], "program": encoder}}
-
-
 def programs(trained: Trained, blocks: Sequence[Block], adapted: Adapted | None = None):
   """[N, dim] program vectors, under the adapted encoder or last layer when fine-tuned."""
   if adapted is not None and adapted.encoder is not None:
-    return _program_vectors(_with_encoder(trained, adapted.encoder), trained.cfg, blocks)
+    return _program_vectors(with_params(trained.variables, program=adapted.encoder),
+                            trained.cfg, blocks)
   if adapted is None or adapted.kernel is None:
     return trained.embed(blocks)
   S, n = lstm_sums(trained, blocks)
@@ -202,8 +198,8 @@ def _retrain_step(cfg, opt):
   @jax.jit
   def step(x, opt_state, variables, seq, t, real):
     def loss(x):
-      v = {**variables, "params": {**variables["params"], "program": x["program"]}}
-      P = _model(cfg).apply(v, seq, method=PerfVec.embed)
+      P = _model(cfg).apply(with_params(variables, program=x["program"]), seq,
+                            method=PerfVec.embed)
       err = _robust_error(P, t, x["uarch"])
       return jnp.sum(jnp.where(real, err, 0.0)) / jnp.maximum(jnp.sum(real), 1)
 
@@ -216,15 +212,16 @@ def _retrain_step(cfg, opt):
 
 def retrain(trained: Trained, blocks: Sequence[Block], y: np.ndarray, u0: np.ndarray, *,
             epochs: int = 20, patience: int = 3, batch_size: int = 64, lr: float = 1e-3,
-            seed: int = 0, progress: bool = False, log=None):
+            seed: int = 0, checkpoints: Path | None = None, progress: bool = False, log=None):
   """The whole program encoder and the uarch vector trained on measured rows, from the
   pretrained weights and `u0`; a tenth of the rows (seeded) is kept out to stop it
-  (the best epoch by their MAPE) and to estimate its error.
+  (the best epoch by their MAPE) and to estimate its error. With `checkpoints` (a
+  folder), the state is saved after every epoch and a rerun on the same rows resumes.
 
   Returns:
     (encoder parameters, uarch [dim], the kept rows' MAPE, their Kendall tau).
   """
-  from diffsim.fit.learn import _bar
+  from diffsim.fit.learn import EpochCheckpoints, _bar
 
   K = len(y)
   t_all = np.log(np.asarray(y, np.float32) / 100.0)
@@ -232,26 +229,32 @@ def retrain(trained: Trained, blocks: Sequence[Block], y: np.ndarray, u0: np.nda
   keep, fit_ids = order[:max(1, K // 10)], order[max(1, K // 10):]
   cfg = trained.cfg
   n_batches = len(_sequences(blocks, fit_ids, batch_size, 0))
-  opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
-      optax.warmup_cosine_decay_schedule(0.0, lr, max(1, n_batches // 2),
-                                         max(2, epochs * n_batches), lr * 0.05),
-      weight_decay=1e-4))
+  opt = lstm_optimizer(lr, n_batches, epochs)
   x = dict(program=trained.variables["params"]["program"], uarch=jnp.asarray(u0))
   opt_state = opt.init(x)
   step = _retrain_step(cfg, opt)
   kept_blocks = [blocks[i] for i in keep]
 
   def score(x):
-    P = _program_vectors(_with_encoder(trained, x["program"]), cfg, kept_blocks)
+    P = _program_vectors(with_params(trained.variables, program=x["program"]), cfg,
+                         kept_blocks)
     pred = trained.predict(P, np.asarray(x["uarch"]))
     return metrics.mape(pred, y[keep]), metrics.kendall_tau(pred, y[keep])
 
-  best, (best_mape, best_tau) = x, score(x)
+  mape, tau = score(x)
+  state = dict(x=x, opt=opt_state, best=x, best_mape=jnp.float32(mape),
+               best_tau=jnp.float32(tau), bad=jnp.int32(0), epoch=jnp.int32(0))
+  if checkpoints:
+    Path(checkpoints).mkdir(parents=True, exist_ok=True)
+  saved = EpochCheckpoints(Path(checkpoints), log or (lambda *_: None)) if checkpoints else None
+  state, history = saved.resume(state) if saved else (state, [])
   if log:
     log(f"retraining the program encoder on {len(fit_ids)} rows; {len(keep)} kept out: "
-        f"MAPE {100 * best_mape:.1f}% before")
-  bad = 0
-  for epoch in range(epochs):
+        f"MAPE {100 * mape:.1f}% before")
+  x, opt_state = state["x"], state["opt"]
+  for epoch in range(int(state["epoch"]), epochs):
+    if int(state["bad"]) >= patience:
+      break
     batches = _sequences(blocks, fit_ids, batch_size, seed * 1000 + epoch)
     for S, ids in _bar(batches, f"epoch {epoch + 1}/{epochs}", progress):
       padded, real = _pad_to(ids, batch_size)
@@ -260,13 +263,20 @@ def retrain(trained: Trained, blocks: Sequence[Block], y: np.ndarray, u0: np.nda
     mape, tau = score(x)
     if log:
       log(f"epoch {epoch + 1}: kept rows' MAPE {100 * mape:.2f}%, tau {tau:.3f}")
-    if mape < best_mape:
-      best, best_mape, best_tau, bad = x, mape, tau, 0
-    else:
-      bad += 1
-      if bad >= patience:
-        break
-  return best["program"], np.asarray(best["uarch"], np.float32), best_mape, best_tau
+    better = mape < float(state["best_mape"])
+    state = dict(x=x, opt=opt_state, best=x if better else state["best"],
+                 best_mape=jnp.float32(mape if better else state["best_mape"]),
+                 best_tau=jnp.float32(tau if better else state["best_tau"]),
+                 bad=jnp.int32(0 if better else int(state["bad"]) + 1),
+                 epoch=jnp.int32(epoch + 1))
+    history.append(dict(epoch=epoch + 1, kept_mape=float(mape), kept_tau=float(tau)))
+    if saved:
+      saved.save(epoch + 1, state, history)
+  if saved:
+    saved.close()
+  best = state["best"]
+  return (best["program"], np.asarray(best["uarch"], np.float32), float(state["best_mape"]),
+          float(state["best_tau"]))
 
 
 def nearest_uarch(trained: Trained, P: np.ndarray, y: np.ndarray) -> str:
@@ -279,7 +289,8 @@ def nearest_uarch(trained: Trained, P: np.ndarray, y: np.ndarray) -> str:
 def adapt(trained: Trained, blocks: Sequence[Block], y: np.ndarray, *,
           init: str | None = None, fine_tune: bool | str = False, folds: int = FOLDS,
           fine_tune_prior: float | None = None, programs: np.ndarray | None = None,
-          seed: int = 0, progress: bool = False, log=None) -> Adapted:
+          seed: int = 0, checkpoints: Path | None = None, progress: bool = False,
+          log=None) -> Adapted:
   """A uarch vector (and with `fine_tune` the last program layer, or the whole program
   encoder) fitted to measured cycles per 100 iterations `y` of `blocks`, with its own
   estimate of its error on blocks it did not fit.
@@ -296,6 +307,7 @@ def adapt(trained: Trained, blocks: Sequence[Block], y: np.ndarray, *,
     fine_tune_prior: the pull of the fine-tuned last layer towards the trained one;
       None: 10 / sqrt(K) (stronger with fewer rows).
     programs: [K, dim] the blocks' program vectors, when the caller has them already.
+    checkpoints: for "all", a folder for `retrain`'s epoch checkpoints (resumable).
 
   Raises:
     ValueError: too few rows, or an unknown `fine_tune`.
@@ -315,7 +327,8 @@ def adapt(trained: Trained, blocks: Sequence[Block], y: np.ndarray, *,
   u0 = trained.uarch(init)
   if fine_tune == "all":
     encoder, u, mape, tau = retrain(trained, blocks, y, fit_uarch(trained, P, y, u0),
-                                    seed=seed, progress=progress, log=log)
+                                    seed=seed, checkpoints=checkpoints,
+                                    progress=progress, log=log)
     a = Adapted(u, init, K, float(mape), float(tau), trained.fingerprint, encoder=encoder)
     if log:
       log(f"adapted from {init} on {K} measured blocks (program encoder retrained): "

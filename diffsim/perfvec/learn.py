@@ -254,6 +254,22 @@ def _uarch_vectors(variables, cfg: ModelConfig, per_opcode, glob) -> np.ndarray:
   return np.asarray(_encode_uarch(variables, per_opcode, glob, cfg))
 
 
+def lstm_optimizer(lr: float, n_batches: int, epochs: int) -> optax.GradientTransformation:
+  """AdamW, warmed up over half an epoch and cosine-decayed to lr / 20, on clipped
+  gradients: a prediction orders of magnitude off (early on) has a log error, and so a
+  gradient, that would otherwise throw the LSTM far. Training and `adapt`'s retraining
+  both use it."""
+  return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+      optax.warmup_cosine_decay_schedule(0.0, lr, max(1, n_batches // 2),
+                                         max(2, epochs * n_batches), lr * 0.05),
+      weight_decay=1e-4))
+
+
+def with_params(variables: dict, **parts) -> dict:
+  """`variables` with the named parameter subtrees (program, uarch, ...) replaced."""
+  return {**variables, "params": {**variables["params"], **parts}}
+
+
 def train(data: Data, exp: Experiment, out_dir: Path, *, progress: bool = True,
           log=print) -> tuple[dict, ModelConfig]:
   """Fits PerfVec on the training uarchs x training blocks; resumable.
@@ -274,12 +290,7 @@ def train(data: Data, exp: Experiment, out_dir: Path, *, progress: bool = True,
   train_ids = np.flatnonzero(data.part == 0)
   val_ids = np.flatnonzero(data.part == 1)
   n_batches = len(_sequences(data.blocks, train_ids, exp.batch_size, 0))
-  # Clipped: a prediction orders of magnitude off (early on) has a log error, and so a
-  # gradient, that would otherwise throw the LSTM far.
-  opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
-      optax.warmup_cosine_decay_schedule(0.0, exp.lr, max(1, n_batches // 2),
-                                         max(2, exp.epochs * n_batches), exp.lr * 0.05),
-      weight_decay=1e-4))
+  opt = lstm_optimizer(exp.lr, n_batches, exp.epochs)
   variables = _init(cfg, per, glob, exp.seed)
   state = dict(variables=variables, opt=opt.init(variables), best=variables,
                epoch=jnp.int32(0), best_val=jnp.float32(np.inf), bad=jnp.int32(0))
@@ -377,7 +388,7 @@ def refit_encoder(variables, cfg: ModelConfig, data: Data, steps: int, *, lr: fl
         f"{g[3].shape[0]} uarchs x {g[0].shape[0]} blocks" for g in groups)
       + f", program vectors frozen: loss {losses[0]:.4f} -> {losses[-1]:.4f} in {steps} "
       f"steps ({time.time() - t0:.0f} s)")
-  return {**variables, "params": {**variables["params"], "uarch": enc}}
+  return with_params(variables, uarch=enc)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "opt", "n", "tables_per_step"))
@@ -388,7 +399,7 @@ def _encoder_steps(variables, cfg: ModelConfig, enc, opt_state, groups, key, opt
   counts = [g[2].sum() for g in groups]
 
   def loss(enc, key):
-    v = {**variables, "params": {**variables["params"], "uarch": enc}}
+    v = with_params(variables, uarch=enc)
     total = 0.0
     for (programs, y, mask, per_opcode, glob), count, k in zip(
         groups, counts, jax.random.split(key, len(groups))):

@@ -148,6 +148,7 @@ def test_retrained_encoder_round_trips_through_the_command_line(zen5, model, tmp
   assert "on the tenth kept out" in capsys.readouterr().err
   a = Adapted.load(uarch)
   assert a.rows == 300 and a.kernel is None and 0 < a.cv_mape < 0.6
+  assert not list(tmp_path.glob("all.npz.retrain-*"))  # its checkpoints, gone once written
   before = model.variables["params"]["program"]
   assert (jax.tree_util.tree_structure(a.encoder) == jax.tree_util.tree_structure(before))
   # Whatever training kept, `predict` must embed with the saved encoder: change it.
@@ -166,6 +167,29 @@ def test_retrained_encoder_round_trips_through_the_command_line(zen5, model, tmp
   assert main(["perfvec", "adapt", str(few), "--fine-tune", "all",
                "-o", str(tmp_path / "x.npz")]) != 0
   assert "needs at least 256" in capsys.readouterr().err
+
+
+def test_retraining_resumes_from_its_epoch_checkpoints(zen5, model, tmp_path):
+  """A run of two epochs whose second checkpoint is lost (killed before it was written):
+  the rerun resumes after the first epoch (its log says so and runs no first epoch) and
+  ends where the whole run ended."""
+  import shutil
+
+  from diffsim.perfvec.adapt import retrain
+
+  ds, blocks, ok = zen5
+  sel, y = [blocks[i] for i in ok[:260]], ds.y[ok[:260]]
+  u0 = model.uarch("zen5")
+  whole = retrain(model, sel, y, u0, epochs=2, patience=5, checkpoints=tmp_path / "ck")
+  shutil.rmtree(tmp_path / "ck" / "checkpoints" / "2")
+  said = []
+  resumed = retrain(model, sel, y, u0, epochs=2, patience=5, checkpoints=tmp_path / "ck",
+                    log=said.append)
+  assert any(line.startswith("resumed from") for line in said), said
+  assert not any(line.startswith("epoch 1:") for line in said)
+  assert any(line.startswith("epoch 2:") for line in said)
+  np.testing.assert_allclose(resumed[2], whole[2], rtol=1e-3)
+  np.testing.assert_allclose(resumed[1], whole[1], rtol=1e-3, atol=1e-4)
 
 
 def test_retraining_step_learns_what_the_frozen_encoder_cannot(zen5, model):
