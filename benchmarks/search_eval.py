@@ -10,7 +10,13 @@ within 2% of that optimum, or exhausts the budget (counted as the budget). Print
 the invalid configurations evaluated on the way, and for the `transfer` baseline
 (configurations in the order of their mean rank on the training CPUs, blind to the
 target) the rank of the target's optimum in that order and how far its first pick is
-from the optimum. Then, per task, over all held-out CPUs and over the "moved" ones
+from the optimum. The `roofline` control evaluates configurations in the order of their
+roofline on the target (`diffsim.search.roofline`: the table's analytic reading, which
+Glimpse's initial design and acquisition also use; `--no-roofline` meta-trains Glimpse
+without it). It reads the target's table, so it is an ablation of Glimpse (its prior
+alone, no search), reported beside the baselines rather than among them.
+`--perfvec` appends the shipped PerfVec model's uarch vector of each table (its table
+encoder, zero-shot) to every Blueprint. Then, per task, over all held-out CPUs and over the "moved" ones
 (where transfer's first pick is not within 2%), the mean evaluations and Glimpse's
 ratio to the best baseline, transfer included.
 
@@ -18,7 +24,8 @@ Glimpse's models are meta-trained on haswell, znver3, their variants and tables 
 around them, and cached; so are the enumerations (`--cache`, default runs/search).
 `--no-variants` runs the earlier setting (no variants in training or held out).
 
-  python benchmarks/search_eval.py                 # the recorded run
+  python benchmarks/search_eval.py --seeds 3 --focus --heldout-samples 4 --ship
+                                                   # the recorded run, and the shipped models
   python benchmarks/search_eval.py --quick         # toy: dot only, 2 CPUs, 2 seeds
 """
 
@@ -38,7 +45,7 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--tasks", nargs="*", default=["gemm", "dot", "axpy"])
   ap.add_argument("--methods", nargs="*", default=["glimpse", "random", "autotvm", "bo",
-                                                   "transfer"])
+                                                   "transfer", "roofline"])
   ap.add_argument("--seeds", type=int, default=3)
   ap.add_argument("--budget", type=int, default=100)
   ap.add_argument("--heldout-samples", type=int, default=2,
@@ -51,6 +58,13 @@ def main() -> None:
                   help="run the blind baselines (random, AutoTVM, BO) only on skylake, zen5 "
                        "and where transfer's first pick is more than 2%% off (the rest: "
                        "Glimpse and transfer only; 2 cores cannot afford more)")
+  ap.add_argument("--no-roofline", action="store_true",
+                  help="meta-train and run Glimpse without the roofline input")
+  ap.add_argument("--perfvec", action="store_true",
+                  help="append the PerfVec uarch vector to every Blueprint")
+  ap.add_argument("--ship", action="store_true",
+                  help="write each task's meta-trained models where the package ships them "
+                       "(diffsim/search/pretrained), for `diffsim search`")
   ap.add_argument("--no-variants", action="store_true",
                   help="neither train nor test on the variants (the earlier setting)")
   args = ap.parse_args()
@@ -67,11 +81,13 @@ def main() -> None:
   from diffsim.search.blueprint import blueprint
   from diffsim.search.cpus import heldout_groups, training_groups
   from diffsim.search.evaluate import enumerate_costs_stack
-  from diffsim.search.glimpse import meta_train
+  from diffsim.search.glimpse import PRETRAINED, meta_train, save_models
+  from diffsim.search.roofline import roofline
   from diffsim.search.space import get_task
   from diffsim.search.trials import run_trial
 
   t_start = time.time()
+  extra = _perfvec_vectors() if args.perfvec else (lambda g: [[]] * len(g.names))
   train = training_groups(variants=not args.no_variants)
   held = heldout_groups(4, variants=not args.no_variants)
   held_names, held_tables, held_groups = [], [], []
@@ -83,7 +99,7 @@ def main() -> None:
     for i in range(keep):
       held_names.append(g.names[i])
       held_tables.append(g.tables()[i])
-      held_groups.append((g, i))
+      held_groups.append((g, i, extra(g)[i]))
   print(f"# machine: {platform.node()} {os.cpu_count()} cores; jax {jax.__version__} "
         f"{jax.devices()[0].device_kind}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
   print(f"# training CPUs: {sum(len(g.names) for g in train)} "
@@ -95,20 +111,25 @@ def main() -> None:
   for task_name in args.tasks:
     task = get_task(task_name)
     t0 = time.time()
-    training, families = [], []
+    training, families, roofs = [], [], []
     for g in train:
-      for t, c in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task)):
-        training.append((blueprint(t), c.cost))
+      for t, c, v in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task), extra(g)):
+        training.append((np.concatenate([blueprint(t), v]).astype(np.float32), c.cost))
         families.append(g.names[0])
+        roofs.append(roofline(task, t))
     held_costs = {}
     for g in held:
-      if any(gg is g for gg, _ in held_groups):
+      if any(gg is g for gg, *_ in held_groups):
         for i, c in enumerate(enumerate_costs_stack(g.base, g.stacked, task)):
           held_costs[(id(g), i)] = c
     t_enum = time.time() - t0
     t0 = time.time()
     models = meta_train(task, training, steps=args.steps, cache=cache / "models",
-                        families=families)
+                        families=families, rooflines=None if args.no_roofline else roofs)
+    if args.ship:
+      if args.perfvec or args.no_variants:
+        raise SystemExit("--ship: the shipped models use the default setting")
+      print(f"# shipped {save_models(models, task, PRETRAINED / f'glimpse-{task_name}.msgpack')}")
     training_costs = np.stack([c for _, c in training])
     t_meta = time.time() - t0
     print(f"## {task_name}: {task.size} configurations; enumeration {t_enum:.0f} s "
@@ -118,9 +139,10 @@ def main() -> None:
         kind="stable")
     print(f"{'cpu':<20} {'valid':>5} {'opt c/flop':>10} {'opt rank':>8} {'pick/opt':>8} "
           + " ".join(f"{m + ' evals (hit) inval':>26}" for m in args.methods))
-    for name, table, (g, i) in zip(held_names, held_tables, held_groups):
+    for name, table, (g, i, v) in zip(held_names, held_tables, held_groups):
       costs = held_costs[(id(g), i)]
-      bp = blueprint(table)
+      bp = np.concatenate([blueprint(table), v]).astype(np.float32)
+      roof = roofline(task, table)
       rank = int(np.flatnonzero(order == int(np.nanargmin(costs.cost)))[0]) + 1
       pick = float(np.nan_to_num(costs.cost[order[0]], nan=np.inf) / costs.optimum)
       moved = pick > 1.02
@@ -128,11 +150,11 @@ def main() -> None:
              f"{pick:>8.3f} ")
       for m in args.methods:
         if (args.focus and not moved and name not in ("skylake", "zen5")
-            and m not in ("glimpse", "transfer")):
+            and m not in ("glimpse", "transfer", "roofline")):
           row += f"{'-':>14} {'':>5} {'':>7} "
           continue
         trials = [run_trial(m, task, costs, budget=args.budget, seed=s, bp=bp, models=models,
-                            training_costs=training_costs)
+                            training_costs=training_costs, roofline=roof)
                   for s in range(args.seeds)]
         ev = float(np.mean([t.evaluations for t in trials]))
         hit = sum(t.reached for t in trials)
@@ -145,7 +167,7 @@ def main() -> None:
                     for t in trials]
       print(row, flush=True)
     print()
-  baselines = [m for m in args.methods if m != "glimpse"]
+  baselines = [m for m in args.methods if m not in ("glimpse", "roofline")]
   for subset, title in (((), "all held-out CPUs"),
                         (("moved",), "held-out CPUs where transfer's first pick is not within 2%")):
     print(f"## mean evaluations to within 2%, {title} (lower is better)")
@@ -164,6 +186,8 @@ def main() -> None:
         ratio = means[best] / means["glimpse"]
         ratios.append(ratio)
         line += f"  | best baseline {best}: {ratio:.2f}x glimpse's evaluations"
+        if "roofline" in means:
+          line += f"; roofline alone {means['roofline'] / means['glimpse']:.2f}x"
       print(line)
     if ratios:
       print(f"geometric mean ratio (best baseline, transfer included / glimpse): "
@@ -173,6 +197,19 @@ def main() -> None:
   if args.json:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results))
+
+
+def _perfvec_vectors():
+  """group -> [P, dim] the shipped PerfVec model's uarch vector of each of its tables,
+  doubled: its entries then spread across CPUs about as the Blueprint's do."""
+  from diffsim.perfvec.dse import Candidates, encode_tables
+  from diffsim.perfvec.reuse import load
+
+  trained = load()
+
+  def vectors(g):
+    return 2.0 * encode_tables(trained, Candidates(g.base, g.stacked, list(g.names)))
+  return vectors
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ printed (the noise every method searches through). Then each method searches wit
 measured costs until it evaluates a configuration within 2% of the measured optimum:
 Glimpse (its blueprint from the table named by `--table`, by default the shipped table
 closest to this CPU), random search, the AutoTVM-style tuner, plain BO, the transfer
-control, and `simulator` (configurations in the order the blueprint's table simulates
-them: simulate everything, measure the favourites).
+control, `roofline` (configurations in the order of their roofline on the blueprint's
+table) and `simulator` (in the order that table simulates them: simulate everything,
+measure the favourites).
 
 Printed per task: the measured optimum and the simulator's, where the simulator's
 optimum ranks among the measured costs (and why they differ, from the two kernels'
@@ -36,7 +37,7 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--tasks", nargs="*", default=["gemm", "dot", "axpy"])
   ap.add_argument("--methods", nargs="*", default=["glimpse", "random", "autotvm", "bo",
-                                                   "transfer", "simulator"])
+                                                   "transfer", "roofline", "simulator"])
   ap.add_argument("--table", help="the blueprint's table (default: closest shipped one)")
   ap.add_argument("--seeds", type=int, default=5)
   ap.add_argument("--budget", type=int, default=30)
@@ -68,6 +69,7 @@ def main() -> None:
   from diffsim.search.cpus import training_groups
   from diffsim.search.evaluate import Costs, enumerate_costs, enumerate_costs_stack
   from diffsim.search.glimpse import glimpse_search, meta_train
+  from diffsim.search.roofline import roofline
   from diffsim.search.evaluate import Objective
   from diffsim.search.space import get_task
   from diffsim.search.trials import run_trial
@@ -96,14 +98,16 @@ def main() -> None:
     costs = Costs(cost, errors)
     valid = costs.valid
     sim = enumerate_costs(table, task)
-    training, families = [], []
+    training, families, roofs = [], [], []
     for g in training_groups():
       for t, c in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task)):
         training.append((blueprint(t), c.cost))
         families.append(g.names[0])
+        roofs.append(roofline(task, t))
     training_costs = np.stack([c for _, c in training])
     models = meta_train(task, training, steps=args.steps, cache=cache / "models",
-                        families=families)
+                        families=families, rooflines=roofs)
+    roof = roofline(task, table)
     opt = int(np.nanargmin(cost))
     sim_opt = int(np.nanargmin(np.where(valid, sim.cost, np.nan)))
     sim_order = np.argsort(np.where(valid, sim.cost, np.inf), kind="stable")
@@ -159,19 +163,21 @@ def main() -> None:
           picked.append(np.nanmin(cost[sim_order[:args.budget]]))
           continue
         t = run_trial(m, task, costs, budget=args.budget, seed=seed, bp=bp, models=models,
-                      training_costs=training_costs)
+                      training_costs=training_costs, roofline=roof)
         evals.append(t.evaluations)
         hits += t.reached
         inval.append(t.invalid)
         # What the method picks when it spends the whole budget (no early stop).
         obj = Objective(task, costs=costs)
         if m == "glimpse":
-          glimpse_search(task, bp, obj, args.budget, models=models, seed=seed)
+          glimpse_search(task, bp, obj, args.budget, models=models, seed=seed, roofline=roof)
         else:
-          from diffsim.search.baselines import METHODS, transfer_search
+          from diffsim.search.baselines import METHODS, roofline_search, transfer_search
 
           if m == "transfer":
             transfer_search(task, obj, args.budget, training_costs=training_costs)
+          elif m == "roofline":
+            roofline_search(task, obj, args.budget, roofline=roof, seed=seed)
           else:
             METHODS[m](task, obj, args.budget, seed=seed)
         picked.append(np.nanmin([c for _, c in obj.history]))
@@ -184,11 +190,16 @@ def main() -> None:
   print("## mean evaluations to within 2% of the measured optimum (lower is better)")
   for task_name in args.tasks:
     means = {m: v for t, m, v in summary if t == task_name}
-    base = [m for m in means if m not in ("glimpse", "simulator")]
+    # The orders that read the blueprint's table (roofline, simulator) are reported
+    # beside the baselines, as in search_eval.py.
+    base = [m for m in means if m not in ("glimpse", "simulator", "roofline")]
     line = f"{task_name:<6} " + " ".join(f"{m} {v:.1f}" for m, v in means.items())
     if "glimpse" in means and base:
       best = min(base, key=lambda m: means[m])
       line += f"  | best baseline {best}: {means[best] / means['glimpse']:.2f}x glimpse's"
+      for m in ("roofline", "simulator"):
+        if m in means:
+          line += f"; {m} {means[m] / means['glimpse']:.2f}x"
     print(line)
   print(f"# total {time.time() - t_start:.0f} s")
   if args.json:

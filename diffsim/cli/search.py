@@ -8,10 +8,11 @@ default the shipped one closest to this CPU) giving only the blueprint; it print
 configuration's measured cycles, its speedup over the untuned default, its distance to
 the best of an exhaustive measured run when one is cached (`--exhaustive` makes one),
 and the command that reproduces it. `--emit c` prints a gemm configuration as a C
-function with intrinsics. Glimpse (the default method) needs
-its meta-trained models: they are loaded from `~/.cache/diffsim/search/models` (or
-`$DIFFSIM_SEARCH_CACHE/models`), and trained there the first time, which enumerates
-the task on every training CPU (minutes; `--train-samples` trades quality for time).
+function with intrinsics. Glimpse (the default method) uses the meta-trained models the
+package ships (`diffsim/search/pretrained`); `--train-samples N` meta-trains them anew
+instead, on the training CPUs with N tables sampled around each base, enumerating the
+task on every one of them (tens of minutes on 2 cores; cached in
+`~/.cache/diffsim/search`, or `$DIFFSIM_SEARCH_CACHE`).
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ def add_subcommand(subparsers) -> None:
   p.add_argument("--method", choices=ALL_METHODS, default="glimpse",
                  help="search method (default glimpse)")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--train-samples", type=int, default=7, metavar="N",
-                 help="sampled tables per llvm-mca base used to meta-train Glimpse when its "
-                      "models are not cached yet (default 7)")
+  p.add_argument("--train-samples", type=int, default=None, metavar="N",
+                 help="meta-train Glimpse anew with N sampled tables per training base "
+                      "instead of using the shipped models (which used 7)")
   p.add_argument("--syntax", choices=("att", "intel"), default="att",
                  help="syntax of the printed assembly (default att)")
   p.add_argument("--progress", action="store_true", default=None,
@@ -62,29 +63,41 @@ def add_subcommand(subparsers) -> None:
   p.set_defaults(func=cmd_search)
 
 
-def _enumerations(task, samples: int, progress: bool):
-  """Glimpse's training data, the task enumerated on every training table (shared out
-  in a multi-process run), and each table's family (its base CPU)."""
+def _enumerations(task, samples: int | None, progress: bool):
+  """Glimpse's training data when it meta-trains anew (None when the shipped models
+  serve): the task enumerated on every training table (shared out in a multi-process
+  run), each table's family (its base CPU) and its roofline."""
   from diffsim.search.blueprint import blueprint
   from diffsim.search.cpus import training_groups
   from diffsim.search.evaluate import enumerate_costs_stack
+  from diffsim.search.glimpse import load_models
+  from diffsim.search.roofline import roofline
 
-  training, families = [], []
+  if samples is None:
+    if load_models(task) is not None:
+      return None
+    say(f"no shipped Glimpse models for this {task.name} space: meta-training anew")
+    samples = 7
+  training, families, roofs = [], [], []
   for g in training_groups(samples):
     if progress:
       say(f"enumerating {task.name} on {g.names[0]}, its variants and {samples} sampled tables")
     for t, c in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task)):
       training.append((blueprint(t), c.cost))
       families.append(g.names[0])
-  return training, families
+      roofs.append(roofline(task, t))
+  return training, families, roofs
 
 
-def _glimpse_models(task, training, families, progress: bool):
+def _glimpse_models(task, training, progress: bool):
   from diffsim.search.evaluate import cache_dir
-  from diffsim.search.glimpse import meta_train
+  from diffsim.search.glimpse import load_models, meta_train
 
+  if training is None:
+    return load_models(task)
+  training, families, roofs = training
   return meta_train(task, training, steps=900, cache=cache_dir() / "models",
-                    log=say if progress else None, families=families)
+                    log=say if progress else None, families=families, rooflines=roofs)
 
 
 def _intel(text: str) -> str:
@@ -142,6 +155,7 @@ def _reproduce(args: argparse.Namespace, table) -> str:
   parts = ["diffsim search", args.task, "--target", args.target or table.layout.cpu]
   parts += ["--measure"] if args.measure else []
   parts += ["--budget", str(args.budget), "--method", args.method, "--seed", str(args.seed)]
+  parts += ["--train-samples", str(args.train_samples)] if args.train_samples else []
   return " ".join(parts)
 
 
@@ -181,11 +195,12 @@ def _search(args, task, table, objective, cpu, training, on_step, bar) -> int:
   from diffsim.search.blueprint import blueprint
   from diffsim.search.codegen import assembly, c_kernel
   from diffsim.search.glimpse import glimpse_search
+  from diffsim.search.roofline import roofline
 
   if args.method == "glimpse":
-    models = _glimpse_models(task, *training, bool(args.progress))
+    models = _glimpse_models(task, training, bool(args.progress))
     glimpse_search(task, blueprint(table), objective, args.budget, models=models,
-                   seed=args.seed, on_step=on_step)
+                   seed=args.seed, on_step=on_step, roofline=roofline(task, table))
   else:
     # The baselines evaluate through the objective; the bar follows its log.
     class Watched:

@@ -4,7 +4,9 @@
 - `codegen`: a configuration to AT&T assembly and to the decoder's Block.
 - `evaluate`: cost = simulated steady cycles per flop; exhaustive enumeration.
 - `blueprint`: a CPU's specification embedded from its parameter table.
-- `glimpse`: blueprint priors, meta-trained neural acquisition, validity ensemble.
+- `roofline`: the table read against each configuration, without simulating.
+- `glimpse`: blueprint and roofline priors, meta-trained neural acquisition, validity
+  ensemble; the meta-trained models ship in `pretrained/`.
 - `baselines`: random search, AutoTVM-style (gradient boosting + annealing), plain BO.
 - `diffsim search TASK --target CPU --budget N` (`diffsim.cli.search`) runs them.
 """

@@ -9,8 +9,9 @@ supports and its architectural vector register count. Every entry is scaled to a
 [0, 1] so that the learned models see comparable inputs.
 
 Simplifications: reciprocal throughput is the busiest resource's cycles over its units
-(what llvm-mca's `-instruction-info` prints), ignoring contention between classes;
-the PerfVec uarch vector is not included.
+(what llvm-mca's `-instruction-info` prints), ignoring contention between classes.
+`benchmarks/search_eval.py --perfvec` appends the PerfVec table encoder's uarch vector
+(an option, measured in benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

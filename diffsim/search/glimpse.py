@@ -9,8 +9,9 @@
    between their Blueprints and the target's (a kernel density in Blueprint space,
    its bandwidth chosen by leave-one-CPU-out likelihood).
 2. Acquisition: `AcquisitionNet` scores a candidate from the Blueprint, the candidate's
-   features, its log-prior and a small Gaussian process's posterior over what has been
-   observed so far (mean, deviation, z-score); it is meta-trained across training CPUs
+   features, its log-prior, its roofline on the target (`roofline`: the table read
+   against the candidate, without simulating) and a small Gaussian process's posterior
+   over what has been observed so far (mean, deviation, z-score); it is meta-trained across training CPUs
    (each seeing the joint prior built without itself) to predict whether the candidate
    beats the best observation, on search states drawn from many simulated episodes (a
    learned probability of improvement).
@@ -19,7 +20,8 @@
    never evaluates a candidate the majority rejects.
 
 The search starts, as Bayesian optimisation does, from an initial design, here drawn from
-the joint prior (its `init` most likely configurations) instead of at random; then it
+the joint prior times the roofline's near-optimal distribution (its `init` most likely
+configurations) instead of at random; then it
 picks, at each step, the unevaluated candidate the acquisition ranks first among those
 the ensemble accepts. Costs enter every model as log(cost / best).
 """
@@ -47,6 +49,13 @@ _GP_LENGTH = 1.0
 _GP_NOISE = 1e-3
 MAX_OBS = 64  # observations the GP features use (the most recent valid ones)
 _NEAR_OPT_TEMP = 0.05  # log-cost temperature of "near-optimal" in the priors' targets
+# The initial design weighs configurations by the joint prior times exp(-roofline ratio
+# / this): the roofline's near-optimal distribution, so sharp that the roofline ranks
+# and the joint prior breaks its ties. Chosen on the training CPUs alone (meta-trained on
+# one base's family, searching the other's): best on every task among no roofline, 0.05,
+# 0.02, 0.01, 0.003 and 0.001 (lower changes nothing); `init` 3 was best or tied among 1-4.
+_INIT_ROOF_TEMP = 0.001
+_ROOF_CAP = 2.0  # log roofline ratios are capped here (and inf, a lacking key, set to it)
 
 
 class _MLP(nn.Module):
@@ -250,15 +259,28 @@ def _observations(features: np.ndarray, ids, log_costs):
   return ox, orr, om
 
 
-def acquisition_inputs(x, logprior, joint, obs_x, obs_r, obs_mask, num_knobs):
-  """The acquisition's per-candidate statistics: [C, 6].
+def roofline_ratio(roof) -> np.ndarray:
+  """[C] log(roofline / its best), capped at `_ROOF_CAP` (None without a roofline)."""
+  if roof is None:
+    return None
+  roof = np.asarray(roof, np.float64)
+  finite = np.isfinite(roof)
+  if not finite.any():
+    return np.full(roof.shape, _ROOF_CAP, np.float32)
+  z = np.log(np.where(finite, roof, 1.0) / roof[finite].min())
+  return np.where(finite, np.minimum(z, _ROOF_CAP), _ROOF_CAP).astype(np.float32)
 
-  `logprior` is the knob priors' log-probability, `joint` the joint prior's, both [C].
+
+def acquisition_inputs(x, logprior, joint, roof, obs_x, obs_r, obs_mask, num_knobs):
+  """The acquisition's per-candidate statistics: [C, 7].
+
+  `logprior` is the knob priors' log-probability, `joint` the joint prior's, `roof` the
+  `roofline_ratio` (zeros when the models use none), all [C].
   """
   mean, std = gp_stats(x, obs_x, obs_r, obs_mask)
   n = jnp.sum(obs_mask) / MAX_OBS
   joint = (joint - jnp.max(joint)) / 5.0  # relative to the favourite, about [-1.5, 0]
-  return jnp.stack([logprior / num_knobs, joint, mean, std, mean / std,
+  return jnp.stack([logprior / num_knobs, joint, roof / _R_SCALE, mean, std, mean / std,
                     jnp.broadcast_to(n, mean.shape)], -1)
 
 
@@ -271,6 +293,7 @@ class GlimpseModels:
   validity: list  # one parameter tree per ensemble member
   acquisition: dict
   joint: JointPrior
+  roofline: bool = False  # meta-trained with the roofline: the search needs it too
 
 
 # ---------------------------------------------------------------------------------
@@ -314,18 +337,22 @@ def _episodes(task: Task, costs: np.ndarray, rng: np.random.Generator, n_episode
   return out
 
 
-def models_key(task: Task, training: list[tuple[np.ndarray, np.ndarray]], seed: int) -> str:
+def models_key(task: Task, training: list[tuple[np.ndarray, np.ndarray]], seed: int,
+               rooflines=None) -> str:
   """A hash of what meta-training sees, for the on-disk cache."""
-  h = hashlib.sha256(f"{task.name}/{task.size}/{seed}/v3".encode())
+  h = hashlib.sha256(f"{task.name}/{task.size}/{seed}/v4".encode())
   for bp, c in training:
     h.update(np.asarray(bp, np.float32).tobytes())
     h.update(np.nan_to_num(np.asarray(c, np.float64), nan=-1).tobytes())
+  if rooflines is not None:
+    h.update(np.nan_to_num(np.asarray(rooflines, np.float64), posinf=-1).tobytes())
   return h.hexdigest()[:16]
 
 
 def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, seed: int = 0,
                ensemble: int = 5, episodes: int = 24, steps: int = 1500,
-               cache: Path | None = None, log=None, families=None) -> GlimpseModels:
+               cache: Path | None = None, log=None, families=None,
+               rooflines=None) -> GlimpseModels:
   """Meta-trains the three models of `task` over training CPUs.
 
   Args:
@@ -341,9 +368,14 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
     families: per training CPU, the base it belongs to (`CpuGroup.names[0]`): the joint
       prior's metric is learned by predicting each family from the others, as the
       held-out CPUs are new families (None: leave-one-out).
+    rooflines: [T, C] each training CPU's `roofline.roofline`, an input of the
+      acquisition (None: meta-train without it).
   """
   log = log or (lambda msg: None)
-  path = cache / f"glimpse-{task.name}-{models_key(task, training, seed)}.msgpack" if cache else None
+  key = models_key(task, training, seed, rooflines)
+  path = cache / f"glimpse-{task.name}-{key}.msgpack" if cache else None
+  roofs = (np.zeros((len(training), task.size), np.float32) if rooflines is None
+           else np.stack([roofline_ratio(r) for r in rooflines]))
   sizes = tuple(len(k.values) for k in task.knobs)
   X = jnp.asarray(task.features)
   VI = jnp.asarray(task.value_index)
@@ -353,7 +385,7 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   key = jax.random.PRNGKey(seed)
   k_prior, k_val, k_acq = jax.random.split(key, 3)
   prior_net, val_net, acq_net = PriorNet(sizes), ValidityNet(), AcquisitionNet()
-  extra_dim = 6
+  extra_dim = 7
   joint = JointPrior.fit(np.asarray(bps), costs, families=families)
   log(f"joint prior: bandwidth {joint.bandwidth:.3f}")
   templates = {
@@ -364,7 +396,7 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   if path is not None and path.exists():
     state = serialization.from_bytes(templates, path.read_bytes())
     return GlimpseModels(task.name, state["prior"], list(state["validity"]), state["acquisition"],
-                         joint)
+                         joint, rooflines is not None)
 
   # 1. Knob priors: per-knob marginals of the near-optimal distributions.
   w = joint.dists
@@ -404,7 +436,8 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
     logc = np.log(costs[t])
     joint_t = joint.log_probs(training[t][0], exclude=t)
     for obs, lab in _episodes(task, costs[t], rng, episodes):
-      extra = inputs(X, lp_all[t], joint_t, *_observations(task.features, obs, logc[obs]))
+      extra = inputs(X, lp_all[t], joint_t, roofs[t],
+                     *_observations(task.features, obs, logc[obs]))
       keep = np.ones(task.size, bool)
       keep[obs] = False
       rows_bp.append(np.full(keep.sum(), t))
@@ -434,12 +467,65 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   acq_params, loss = _fit(acq_loss, templates["acquisition"], steps, 1e-3, k_acq)
   log(f"acquisition: weighted cross-entropy {loss:.4f} on {lab.shape[0]} search states")
 
-  models = GlimpseModels(task.name, prior_params, members, acq_params, joint)
+  models = GlimpseModels(task.name, prior_params, members, acq_params, joint,
+                         rooflines is not None)
   if path is not None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(serialization.to_bytes(
         {"prior": prior_params, "validity": members, "acquisition": acq_params}))
   return models
+
+
+# ---------------------------------------------------------------------------------
+# The models the package ships, meta-trained by `benchmarks/search_eval.py --ship`.
+
+PRETRAINED = Path(__file__).parent / "pretrained"
+
+
+def signature(task: Task) -> str:
+  """A hash of what shipped models depend on besides their weights: the task's space
+  and features, and the Blueprint's entries."""
+  from diffsim.search.blueprint import NAMES
+
+  h = hashlib.sha256(f"{task.name}/{task.size}/".encode())
+  h.update(np.ascontiguousarray(task.features).tobytes())
+  h.update("\0".join(NAMES).encode())
+  return h.hexdigest()[:16]
+
+
+def save_models(models: GlimpseModels, task: Task, path: Path) -> Path:
+  """Writes `models` (the joint prior included) to one msgpack file."""
+  j = models.joint
+  state = {"prior": models.prior, "acquisition": models.acquisition,
+           "validity": {str(i): v for i, v in enumerate(models.validity)},
+           "joint": {"bps": j.bps, "dists": j.dists.astype(np.float32),
+                     "bandwidth": j.bandwidth, "eps": j.eps,
+                     "scales": np.ones(0) if j.scales is None else j.scales},
+           "meta": {"task": task.name, "signature": signature(task),
+                    "roofline": int(models.roofline)}}
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_bytes(serialization.msgpack_serialize(
+      jax.tree.map(lambda x: x if isinstance(x, str) else np.asarray(x), state)))
+  return path
+
+
+def load_models(task: Task, path: Path | None = None) -> GlimpseModels | None:
+  """`save_models`'s file (default: the shipped one for `task`), or None when there is
+  none or it was meta-trained on another space or Blueprint (`signature`)."""
+  path = path or PRETRAINED / f"glimpse-{task.name}.msgpack"
+  if not path.exists():
+    return None
+  state = serialization.msgpack_restore(path.read_bytes())
+  meta = state["meta"]
+  if str(meta["signature"]) != signature(task) or str(meta["task"]) != task.name:
+    return None
+  j = state["joint"]
+  scales = np.asarray(j["scales"], np.float64)
+  joint = JointPrior(np.asarray(j["bps"], np.float64), np.asarray(j["dists"], np.float64),
+                     float(j["bandwidth"]), float(j["eps"]), scales if scales.size else None)
+  validity = [state["validity"][str(i)] for i in range(len(state["validity"]))]
+  return GlimpseModels(task.name, state["prior"], validity, state["acquisition"], joint,
+                       bool(int(meta["roofline"])))
 
 
 # ---------------------------------------------------------------------------------
@@ -461,14 +547,14 @@ def prior_log_probs(models: GlimpseModels, task: Task, bp) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=("num_knobs",))
-def _scores(acq_params, bp, X, logprior, joint, obs_x, obs_r, obs_mask, num_knobs):
-  extra = acquisition_inputs(X, logprior, joint, obs_x, obs_r, obs_mask, num_knobs)
+def _scores(acq_params, bp, X, logprior, joint, roof, obs_x, obs_r, obs_mask, num_knobs):
+  extra = acquisition_inputs(X, logprior, joint, roof, obs_x, obs_r, obs_mask, num_knobs)
   return AcquisitionNet().apply(acq_params, bp, X, extra)
 
 
 def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseModels,
                    seed: int = 0, target: float | None = None, on_step=None,
-                   init: int = 3) -> dict:
+                   init: int = 3, roofline=None) -> dict:
   """Glimpse-style search for `budget` evaluations (or until `target` cost is reached).
 
   Args:
@@ -477,12 +563,21 @@ def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseMod
     seed: breaks ties between equally scored candidates (tiny Gumbel noise).
     target: stop once a cost at or below it is found (the benchmark's 2% line).
     on_step: called with (step, index, cost, best) after each evaluation.
-    init: size of the initial design (the joint prior's favourites, in its order).
+    init: size of the initial design (the favourites of the joint prior times the
+      roofline's near-optimal distribution).
+    roofline: [C] the target's `roofline.roofline`; needed when the models were
+      meta-trained with rooflines.
 
   Returns:
     {"best": index or None, "cost": best cost, "rejected": candidates the ensemble
     rejected without evaluating}.
   """
+  if models.roofline and roofline is None:
+    raise ValueError("these models were meta-trained with rooflines: pass the target's "
+                     "(diffsim.search.roofline.roofline(task, table))")
+  roof = roofline_ratio(roofline if models.roofline else None)
+  if roof is None:
+    roof = np.zeros(task.size, np.float32)
   rng = np.random.default_rng(seed)
   votes = validity_votes(models, task, bp)
   accept = (votes > 0.5).mean(0) > 0.5
@@ -490,6 +585,8 @@ def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseMod
     accept[:] = True
   logprior = jnp.asarray(prior_log_probs(models, task, bp))
   joint = jnp.asarray(models.joint.log_probs(bp))
+  start = np.asarray(joint) - roof / _INIT_ROOF_TEMP
+  roof = jnp.asarray(roof)
   X = jnp.asarray(task.features)
   bpj = jnp.asarray(bp)
   noise = rng.gumbel(size=task.size) * 1e-4
@@ -498,12 +595,12 @@ def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseMod
   best_i, best = None, np.inf
   for step in range(budget):
     if step < init:
-      s = np.asarray(joint) + noise
+      s = start + noise
     else:
       best_first = np.argsort(obs_cost)[:MAX_OBS]  # the best ones inform the GP most
       seen_obs = _observations(task.features, np.asarray(obs, int)[best_first],
                                np.log(np.asarray(obs_cost))[best_first])
-      s = np.asarray(_scores(models.acquisition, bpj, X, logprior, joint, *seen_obs,
+      s = np.asarray(_scores(models.acquisition, bpj, X, logprior, joint, roof, *seen_obs,
                              len(task.knobs))) + noise
     s[seen | ~accept] = -np.inf
     if not np.isfinite(s).any():

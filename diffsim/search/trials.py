@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from diffsim.search import ALL_METHODS
-from diffsim.search.baselines import METHODS, transfer_search
+from diffsim.search.baselines import METHODS, roofline_search, transfer_search
 from diffsim.search.evaluate import Costs, Objective
 from diffsim.search.glimpse import glimpse_search
 from diffsim.search.space import Task
@@ -30,23 +30,28 @@ class Trial:
 
 
 def run_trial(method: str, task: Task, costs: Costs, *, budget: int, seed: int,
-              bp=None, models=None, training_costs=None, tolerance: float = 0.02) -> Trial:
+              bp=None, models=None, training_costs=None, roofline=None,
+              tolerance: float = 0.02) -> Trial:
   """Runs `method` on `task` with costs from `costs`; see the module docstring.
 
-  `bp` and `models` serve "glimpse"; `training_costs` [T, C] serves the "transfer"
-  control (`baselines.transfer_search`).
+  `bp`, `models` and `roofline` [C] (the target's `roofline.roofline`) serve "glimpse";
+  `training_costs` [T, C] serves the "transfer" control (`baselines.transfer_search`),
+  `roofline` the "roofline" one (`baselines.roofline_search`).
   """
   objective = Objective(task, costs=costs)
   target = costs.optimum * (1 + tolerance)
   if method == "glimpse":
-    glimpse_search(task, bp, objective, budget, models=models, seed=seed, target=target)
+    glimpse_search(task, bp, objective, budget, models=models, seed=seed, target=target,
+                   roofline=roofline)
+  elif method == "roofline":
+    roofline_search(task, objective, budget, roofline=roofline, seed=seed, target=target)
   elif method == "transfer":
     transfer_search(task, objective, budget, training_costs=training_costs, seed=seed,
                     target=target)
   elif method in METHODS:
     METHODS[method](task, objective, budget, seed=seed, target=target)
   else:
-    raise ValueError(f"unknown method {method!r}: choose from {', '.join(ALL_METHODS)}, transfer")
+    raise ValueError(f"unknown method {method!r}: choose from {', '.join(ALL_METHODS)}, transfer, roofline")
   c = np.array([c for _, c in objective.history[:budget]])
   best = np.minimum.accumulate(np.where(np.isfinite(c), c, np.inf)) / costs.optimum
   hit = np.flatnonzero(best <= 1 + tolerance)

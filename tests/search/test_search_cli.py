@@ -28,3 +28,14 @@ def test_bad_target_is_a_clear_error(capsys, tmp_path):
   assert "--target" in capsys.readouterr().err
   assert main(["search", "dot", "--target", "pentium"]) == 2
   assert "unknown CPU table" in capsys.readouterr().err
+
+
+def test_glimpse_searches_with_the_shipped_models_at_once(capsys, tmp_path, monkeypatch):
+  """No training CPU is enumerated: the meta-trained models ship with the package."""
+  monkeypatch.setenv("DIFFSIM_SEARCH_CACHE", str(tmp_path))
+  rc = main(["search", "dot", "--target", "zen5/narrow", "--budget", "3"])
+  out = capsys.readouterr()
+  assert rc == 0, out.err
+  assert "3 configurations evaluated" in out.err and "meta-training" not in out.err
+  assert "reproduce: diffsim search dot --target zen5/narrow --budget 3" in out.out
+  assert not list(tmp_path.rglob("*.json")) and not list(tmp_path.rglob("*.msgpack"))
