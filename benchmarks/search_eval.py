@@ -89,6 +89,7 @@ def main() -> None:
   t_start = time.time()
   extra = _perfvec_vectors() if args.perfvec else (lambda g: [[]] * len(g.names))
   train = training_groups(variants=not args.no_variants)
+  train_vectors = [extra(g) for g in train]  # the same for every task
   held = heldout_groups(4, variants=not args.no_variants)
   held_names, held_tables, held_groups = [], [], []
   for g in held:
@@ -96,10 +97,11 @@ def main() -> None:
     keep = min(args.heldout_samples, len(g.names)) if sampled else len(g.names)
     if args.quick:
       keep = 0 if sampled else min(keep, 2)
+    tables, vectors = g.tables(), extra(g)
     for i in range(keep):
       held_names.append(g.names[i])
-      held_tables.append(g.tables()[i])
-      held_groups.append((g, i, extra(g)[i]))
+      held_tables.append(tables[i])
+      held_groups.append((g, i, vectors[i]))
   print(f"# machine: {platform.node()} {os.cpu_count()} cores; jax {jax.__version__} "
         f"{jax.devices()[0].device_kind}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
   print(f"# training CPUs: {sum(len(g.names) for g in train)} "
@@ -112,8 +114,8 @@ def main() -> None:
     task = get_task(task_name)
     t0 = time.time()
     training, families, roofs = [], [], []
-    for g in train:
-      for t, c, v in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task), extra(g)):
+    for g, vectors in zip(train, train_vectors):
+      for t, c, v in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task), vectors):
         training.append((np.concatenate([blueprint(t), v]).astype(np.float32), c.cost))
         families.append(g.names[0])
         roofs.append(roofline(task, t))

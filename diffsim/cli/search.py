@@ -64,9 +64,9 @@ def add_subcommand(subparsers) -> None:
 
 
 def _enumerations(task, samples: int | None, progress: bool):
-  """Glimpse's training data when it meta-trains anew (None when the shipped models
-  serve): the task enumerated on every training table (shared out in a multi-process
-  run), each table's family (its base CPU) and its roofline."""
+  """Glimpse's shipped models when they serve; else its training data: the task
+  enumerated on every training table (shared out in a multi-process run), each table's
+  family (its base CPU) and its roofline."""
   from diffsim.search.blueprint import blueprint
   from diffsim.search.cpus import training_groups
   from diffsim.search.evaluate import enumerate_costs_stack
@@ -74,8 +74,9 @@ def _enumerations(task, samples: int | None, progress: bool):
   from diffsim.search.roofline import roofline
 
   if samples is None:
-    if load_models(task) is not None:
-      return None
+    shipped = load_models(task)
+    if shipped is not None:
+      return shipped
     say(f"no shipped Glimpse models for this {task.name} space: meta-training anew")
     samples = 7
   training, families, roofs = [], [], []
@@ -91,10 +92,10 @@ def _enumerations(task, samples: int | None, progress: bool):
 
 def _glimpse_models(task, training, progress: bool):
   from diffsim.search.evaluate import cache_dir
-  from diffsim.search.glimpse import load_models, meta_train
+  from diffsim.search.glimpse import GlimpseModels, meta_train
 
-  if training is None:
-    return load_models(task)
+  if isinstance(training, GlimpseModels):  # the shipped ones
+    return training
   training, families, roofs = training
   return meta_train(task, training, steps=900, cache=cache_dir() / "models",
                     log=say if progress else None, families=families, rooflines=roofs)

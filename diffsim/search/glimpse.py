@@ -259,10 +259,10 @@ def _observations(features: np.ndarray, ids, log_costs):
   return ox, orr, om
 
 
-def roofline_ratio(roof) -> np.ndarray:
-  """[C] log(roofline / its best), capped at `_ROOF_CAP` (None without a roofline)."""
+def roofline_ratio(roof, size: int) -> np.ndarray:
+  """[C] log(roofline / its best), capped at `_ROOF_CAP` (zeros without a roofline)."""
   if roof is None:
-    return None
+    return np.zeros(size, np.float32)
   roof = np.asarray(roof, np.float64)
   finite = np.isfinite(roof)
   if not finite.any():
@@ -374,8 +374,8 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   log = log or (lambda msg: None)
   key = models_key(task, training, seed, rooflines)
   path = cache / f"glimpse-{task.name}-{key}.msgpack" if cache else None
-  roofs = (np.zeros((len(training), task.size), np.float32) if rooflines is None
-           else np.stack([roofline_ratio(r) for r in rooflines]))
+  roofs = [roofline_ratio(r, task.size)
+           for r in ([None] * len(training) if rooflines is None else rooflines)]
   sizes = tuple(len(k.values) for k in task.knobs)
   X = jnp.asarray(task.features)
   VI = jnp.asarray(task.value_index)
@@ -575,9 +575,7 @@ def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseMod
   if models.roofline and roofline is None:
     raise ValueError("these models were meta-trained with rooflines: pass the target's "
                      "(diffsim.search.roofline.roofline(task, table))")
-  roof = roofline_ratio(roofline if models.roofline else None)
-  if roof is None:
-    roof = np.zeros(task.size, np.float32)
+  roof = roofline_ratio(roofline if models.roofline else None, task.size)
   rng = np.random.default_rng(seed)
   votes = validity_votes(models, task, bp)
   accept = (votes > 0.5).mean(0) > 0.5

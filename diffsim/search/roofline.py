@@ -98,8 +98,8 @@ def roofline(task: Task, table) -> np.ndarray:
   k = np.where(real, keys, 0)
   p = table.params
   # Front end.
-  uops = np.where(real, np.asarray(p.uops, np.float64)[k], 0.0).sum(1)
-  front = uops / float(p.dispatch_width)
+  each = np.where(real, np.asarray(p.uops, np.float64)[k], 0.0)  # [V, L] micro-ops
+  front = each.sum(1) / float(p.dispatch_width)
   # Resources: cycles held x units needed, over the resource's units.
   members = [1 << u for u in range(len(table.layout.units))] + list(table.layout.group_members)
   width = np.array([bin(m).count("1") for m in members], np.float64)
@@ -134,7 +134,6 @@ def roofline(task: Task, table) -> np.ndarray:
     same = edge[:, c] & (low.distance[:, c] == 0)
     depth[:, c] = np.max(np.where(same, depth[rows, prod[:, c]] + wait[:, c], 0.0), 1)
   retire = np.maximum.accumulate(depth + own, 1)
-  each = np.where(real, np.asarray(p.uops, np.float64)[k], 0.0)
   dispatch = (np.cumsum(each, 1) - each) / float(p.dispatch_width)
   window = (each * np.maximum(retire - dispatch, 1.0)).sum(1) / float(p.rob_size)
   cycles = np.max([front, resources, recurrence, window], 0)
