@@ -32,6 +32,7 @@ around them, and cached; so are the enumerations (`--cache`, default runs/search
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -78,8 +79,9 @@ def main() -> None:
   enable_compile_cache()
   import jax
 
+  from diffsim.search.baselines import transfer_order
   from diffsim.search.blueprint import blueprint
-  from diffsim.search.cpus import heldout_groups, training_groups
+  from diffsim.search.cpus import heldout_groups, training_groups, training_set
   from diffsim.search.evaluate import enumerate_costs_stack
   from diffsim.search.glimpse import PRETRAINED, meta_train, save_models
   from diffsim.search.roofline import roofline
@@ -89,7 +91,7 @@ def main() -> None:
   t_start = time.time()
   extra = _perfvec_vectors() if args.perfvec else (lambda g: [[]] * len(g.names))
   train = training_groups(variants=not args.no_variants)
-  train_vectors = [extra(g) for g in train]  # the same for every task
+  train_vectors = [extra(g) for g in train] if args.perfvec else None  # the same for every task
   held = heldout_groups(4, variants=not args.no_variants)
   held_names, held_tables, held_groups = [], [], []
   for g in held:
@@ -113,12 +115,9 @@ def main() -> None:
   for task_name in args.tasks:
     task = get_task(task_name)
     t0 = time.time()
-    training, families, roofs = [], [], []
-    for g, vectors in zip(train, train_vectors):
-      for t, c, v in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task), vectors):
-        training.append((np.concatenate([blueprint(t), v]).astype(np.float32), c.cost))
-        families.append(g.names[0])
-        roofs.append(roofline(task, t))
+    training = training_set(task, train, extra=train_vectors)
+    if args.no_roofline:
+      training = dataclasses.replace(training, rooflines=None)
     held_costs = {}
     for g in held:
       if any(gg is g for gg, *_ in held_groups):
@@ -126,19 +125,16 @@ def main() -> None:
           held_costs[(id(g), i)] = c
     t_enum = time.time() - t0
     t0 = time.time()
-    models = meta_train(task, training, steps=args.steps, cache=cache / "models",
-                        families=families, rooflines=None if args.no_roofline else roofs)
+    models = meta_train(task, training, steps=args.steps, cache=cache / "models")
     if args.ship:
       if args.perfvec or args.no_variants:
         raise SystemExit("--ship: the shipped models use the default setting")
       print(f"# shipped {save_models(models, task, PRETRAINED / f'glimpse-{task_name}.msgpack')}")
-    training_costs = np.stack([c for _, c in training])
+    training_costs = training.costs
     t_meta = time.time() - t0
     print(f"## {task_name}: {task.size} configurations; enumeration {t_enum:.0f} s "
           f"(cached), meta-training {t_meta:.0f} s (cached when 0)")
-    order = np.argsort(np.where(np.isfinite(training_costs), np.log(
-        training_costs / np.nanmin(training_costs, 1, keepdims=True)), 10.0).mean(0),
-        kind="stable")
+    order = transfer_order(training_costs)
     print(f"{'cpu':<20} {'valid':>5} {'opt c/flop':>10} {'opt rank':>8} {'pick/opt':>8} "
           + " ".join(f"{m + ' evals (hit) inval':>26}" for m in args.methods))
     for name, table, (g, i, v) in zip(held_names, held_tables, held_groups):

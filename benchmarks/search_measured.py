@@ -66,11 +66,10 @@ def main() -> None:
   from diffsim.measure.search import MeasuredSpace, measure_space, table_for_cpu
   from diffsim.params.table import load_table
   from diffsim.search.blueprint import blueprint, supported_isas
-  from diffsim.search.cpus import training_groups
-  from diffsim.search.evaluate import Costs, enumerate_costs, enumerate_costs_stack
+  from diffsim.search.cpus import training_set
+  from diffsim.search.evaluate import Costs, Objective, enumerate_costs
   from diffsim.search.glimpse import glimpse_search, meta_train
   from diffsim.search.roofline import roofline
-  from diffsim.search.evaluate import Objective
   from diffsim.search.space import get_task
   from diffsim.search.trials import run_trial
 
@@ -98,15 +97,9 @@ def main() -> None:
     costs = Costs(cost, errors)
     valid = costs.valid
     sim = enumerate_costs(table, task)
-    training, families, roofs = [], [], []
-    for g in training_groups():
-      for t, c in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task)):
-        training.append((blueprint(t), c.cost))
-        families.append(g.names[0])
-        roofs.append(roofline(task, t))
-    training_costs = np.stack([c for _, c in training])
-    models = meta_train(task, training, steps=args.steps, cache=cache / "models",
-                        families=families, rooflines=roofs)
+    training = training_set(task)
+    training_costs = training.costs
+    models = meta_train(task, training, steps=args.steps, cache=cache / "models")
     roof = roofline(task, table)
     opt = int(np.nanargmin(cost))
     sim_opt = int(np.nanargmin(np.where(valid, sim.cost, np.nan)))

@@ -64,14 +64,10 @@ def add_subcommand(subparsers) -> None:
 
 
 def _enumerations(task, samples: int | None, progress: bool):
-  """Glimpse's shipped models when they serve; else its training data: the task
-  enumerated on every training table (shared out in a multi-process run), each table's
-  family (its base CPU) and its roofline."""
-  from diffsim.search.blueprint import blueprint
-  from diffsim.search.cpus import training_groups
-  from diffsim.search.evaluate import enumerate_costs_stack
+  """Glimpse's shipped models when they serve; else its training set (`TrainingSet`:
+  the task enumerated on every training table, shared out in a multi-process run)."""
+  from diffsim.search.cpus import training_groups, training_set
   from diffsim.search.glimpse import load_models
-  from diffsim.search.roofline import roofline
 
   if samples is None:
     shipped = load_models(task)
@@ -79,15 +75,7 @@ def _enumerations(task, samples: int | None, progress: bool):
       return shipped
     say(f"no shipped Glimpse models for this {task.name} space: meta-training anew")
     samples = 7
-  training, families, roofs = [], [], []
-  for g in training_groups(samples):
-    if progress:
-      say(f"enumerating {task.name} on {g.names[0]}, its variants and {samples} sampled tables")
-    for t, c in zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task)):
-      training.append((blueprint(t), c.cost))
-      families.append(g.names[0])
-      roofs.append(roofline(task, t))
-  return training, families, roofs
+  return training_set(task, training_groups(samples), log=say if progress else None)
 
 
 def _glimpse_models(task, training, progress: bool):
@@ -96,9 +84,8 @@ def _glimpse_models(task, training, progress: bool):
 
   if isinstance(training, GlimpseModels):  # the shipped ones
     return training
-  training, families, roofs = training
   return meta_train(task, training, steps=900, cache=cache_dir() / "models",
-                    log=say if progress else None, families=families, rooflines=roofs)
+                    log=say if progress else None)
 
 
 def _intel(text: str) -> str:

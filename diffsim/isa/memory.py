@@ -151,7 +151,8 @@ _LATE = 7  # the iteration whose edges must match the second's (`memory_edges`)
 @functools.lru_cache(maxsize=1)
 def _steady(block: Block) -> list[list[list[tuple]]]:
   """`accesses` up to iteration `_LATE`, what steady edges are judged on: encoding asks
-  `memory_edges` and then `bank_edges` about the same block."""
+  `memory_edges`, `bank_edges`, `commit_cycles` and `commit_edges` about the same block
+  in turn, so the last block's are kept."""
   return accesses(block, iterations=_LATE + 1)
 
 

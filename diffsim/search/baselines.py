@@ -156,13 +156,19 @@ def bo_search(task: Task, objective, budget: int, *, seed: int = 0,
   return {"best": i, "cost": c}
 
 
-def transfer_search(task: Task, objective, budget: int, *, training_costs: np.ndarray,
-                    seed: int = 0, target: float | None = None) -> dict:
-  """Configurations by mean log cost over the training CPUs [T, C] (invalid last)."""
-  del seed  # deterministic
+def transfer_order(training_costs: np.ndarray) -> np.ndarray:
+  """[C] configurations by their mean log(cost / optimum) over the training CPUs [T, C]
+  (invalid ones count as e^10 times the optimum): what transfer evaluates, in order."""
   c = np.asarray(training_costs, np.float64)
   z = np.where(np.isfinite(c), np.log(c / np.nanmin(c, 1, keepdims=True)), 10.0)
-  _run(objective, np.argsort(z.mean(0), kind="stable")[:budget], target)
+  return np.argsort(z.mean(0), kind="stable")
+
+
+def transfer_search(task: Task, objective, budget: int, *, training_costs: np.ndarray,
+                    seed: int = 0, target: float | None = None) -> dict:
+  """Configurations in `transfer_order`, blind to the target."""
+  del seed  # deterministic
+  _run(objective, transfer_order(training_costs)[:budget], target)
   c, i = _best(objective)
   return {"best": i, "cost": c}
 

@@ -121,6 +121,41 @@ def training_groups(samples: int = 7, *, variants: bool = True) -> list[CpuGroup
           _group("znver3", samples, 12, with_base=True, variants=kinds)]
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainingSet:
+  """What Glimpse meta-trains on, one row per training table."""
+
+  blueprints: np.ndarray  # [T, D]
+  costs: np.ndarray  # [T, C] enumerated cycles per flop, nan where invalid
+  families: tuple[str, ...]  # [T] each table's base CPU (its group's first name)
+  rooflines: np.ndarray | None  # [T, C] each table's `roofline.roofline` (None: unused)
+
+
+def training_set(task, groups: list[CpuGroup] | None = None, *, extra=None,
+                 log=None) -> TrainingSet:
+  """`task` enumerated on every table of `groups` (default `training_groups()`; cached),
+  with each table's Blueprint, family and roofline. `extra`: per group, [P, E] vectors
+  appended to its tables' Blueprints (a PerfVec uarch vector, say)."""
+  from diffsim.search.blueprint import blueprint
+  from diffsim.search.evaluate import enumerate_costs_stack
+  from diffsim.search.roofline import roofline
+
+  groups = training_groups() if groups is None else groups
+  bps, costs, families, roofs = [], [], [], []
+  for j, g in enumerate(groups):
+    if log:
+      log(f"enumerating {task.name} on {g.names[0]} and the {len(g.names) - 1} tables "
+          "changed or sampled around it")
+    for i, (t, c) in enumerate(zip(g.tables(), enumerate_costs_stack(g.base, g.stacked, task))):
+      bp = blueprint(t)
+      bps.append(bp if extra is None else np.concatenate([bp, extra[j][i]]))
+      costs.append(c.cost)
+      families.append(g.names[0])
+      roofs.append(roofline(task, t))
+  return TrainingSet(np.stack(bps).astype(np.float32), np.stack(costs), tuple(families),
+                     np.stack(roofs))
+
+
 def heldout_groups(samples: int = 4, *, variants: bool = True) -> list[CpuGroup]:
   """skylake and zen5 (never seen in meta-training), each with its `VARIANTS`, then
   tables sampled around them."""

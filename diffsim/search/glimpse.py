@@ -17,13 +17,17 @@
    learned probability of improvement).
 3. Validity: an ensemble of `ValidityNet`s, each trained on a bootstrap of the training
    CPUs' enumerations, votes on whether a candidate compiles for the target; the search
-   never evaluates a candidate the majority rejects.
+   never evaluates a candidate the majority rejects. Given the target's roofline, the
+   search takes validity from it instead: lowering each candidate against the table
+   says exactly which compile and run, where the ensemble, trained on other CPUs, can
+   reject the optimum.
 
 The search starts, as Bayesian optimisation does, from an initial design, here drawn from
 the joint prior times the roofline's near-optimal distribution (its `init` most likely
 configurations) instead of at random; then it
-picks, at each step, the unevaluated candidate the acquisition ranks first among those
-the ensemble accepts. Costs enter every model as log(cost / best).
+picks, at each step, the unevaluated valid candidate that the acquisition ranks first,
+weighed against its roofline (the roofline orders, the acquisition reorders near-ties).
+Costs enter every model as log(cost / best).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import numpy as np
 import optax
 from flax import serialization
 
+from diffsim.search.cpus import TrainingSet
 from diffsim.search.space import Task
 
 # Log-cost ratios are divided by this before the GP sees them (typical spread of log
@@ -51,10 +56,20 @@ MAX_OBS = 64  # observations the GP features use (the most recent valid ones)
 _NEAR_OPT_TEMP = 0.05  # log-cost temperature of "near-optimal" in the priors' targets
 # The initial design weighs configurations by the joint prior times exp(-roofline ratio
 # / this): the roofline's near-optimal distribution, so sharp that the roofline ranks
-# and the joint prior breaks its ties. Chosen on the training CPUs alone (meta-trained on
-# one base's family, searching the other's): best on every task among no roofline, 0.05,
-# 0.02, 0.01, 0.003 and 0.001 (lower changes nothing); `init` 3 was best or tied among 1-4.
+# and the priors break its ties (the joint prior, and the acquisition's score before any
+# observation). Chosen on the training CPUs alone (meta-trained on one base's family,
+# searching the other's): best on every task among no roofline, 0.05, 0.02, 0.01, 0.003
+# and 0.001 (lower changes nothing). Breaking ties with the acquisition too took the
+# moved training CPUs from 3.00 to 2.50 evaluations on axpy and from 1.57 to 1.43 on dot
+# (gemm 1.33 either way); `init` sizes 1-4 then do the same.
 _INIT_ROOF_TEMP = 0.001
+# After the initial design, each candidate's acquisition logit less its roofline ratio
+# over this: the roofline orders the candidates, and the acquisition, reading the
+# observations, reorders those within about 1% of each other. Chosen the same way
+# (before the acquisition broke the initial design's ties): on the moved training CPUs,
+# axpy needed 4.10 evaluations with the acquisition alone, 3.60 at 0.01, 3.00 at 0.003
+# and 0.001; dot and gemm were the same at every setting (1.57 and 1.33).
+_ACQ_ROOF_TEMP = 0.003
 _ROOF_CAP = 2.0  # log roofline ratios are capped here (and inf, a lacking key, set to it)
 
 
@@ -337,66 +352,62 @@ def _episodes(task: Task, costs: np.ndarray, rng: np.random.Generator, n_episode
   return out
 
 
-def models_key(task: Task, training: list[tuple[np.ndarray, np.ndarray]], seed: int,
-               rooflines=None) -> str:
+def models_key(task: Task, data: TrainingSet, seed: int) -> str:
   """A hash of what meta-training sees, for the on-disk cache."""
-  h = hashlib.sha256(f"{task.name}/{task.size}/{seed}/v4".encode())
-  for bp, c in training:
-    h.update(np.asarray(bp, np.float32).tobytes())
-    h.update(np.nan_to_num(np.asarray(c, np.float64), nan=-1).tobytes())
-  if rooflines is not None:
-    h.update(np.nan_to_num(np.asarray(rooflines, np.float64), posinf=-1).tobytes())
+  h = hashlib.sha256(f"{task.name}/{signature(task)}/{seed}/v5".encode())
+  h.update(np.asarray(data.blueprints, np.float32).tobytes())
+  h.update(np.nan_to_num(np.asarray(data.costs, np.float64), nan=-1).tobytes())
+  h.update("\0".join(data.families).encode())
+  if data.rooflines is not None:
+    h.update(np.nan_to_num(np.asarray(data.rooflines, np.float64), posinf=-1).tobytes())
   return h.hexdigest()[:16]
 
 
-def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, seed: int = 0,
-               ensemble: int = 5, episodes: int = 24, steps: int = 1500,
-               cache: Path | None = None, log=None, families=None,
-               rooflines=None) -> GlimpseModels:
+def meta_train(task: Task, data: TrainingSet, *, seed: int = 0, ensemble: int = 5,
+               episodes: int = 24, steps: int = 1500, cache: Path | None = None,
+               log=None) -> GlimpseModels:
   """Meta-trains the three models of `task` over training CPUs.
 
   Args:
     task: the task.
-    training: per training CPU, (blueprint [D], costs [C] with nan where invalid).
+    data: the training tables (`cpus.training_set`). Their families (base CPUs) teach
+      the joint prior's metric by predicting each family from the others, as the
+      held-out CPUs are new families (one family: each table from the others). Their
+      rooflines are an input of the acquisition (None: meta-train without it).
     seed: the PRNG seed of initialisation, bootstraps and episodes.
     ensemble: validity predictors in the ensemble.
     episodes: simulated search states per training CPU for the acquisition.
     steps: optimiser steps per model.
-    cache: a directory; the models are stored there under a hash of the inputs and
-      loaded instead of trained when present (the joint prior is fitted again on
-      loading: it is cheap).
-    families: per training CPU, the base it belongs to (`CpuGroup.names[0]`): the joint
-      prior's metric is learned by predicting each family from the others, as the
-      held-out CPUs are new families (None: leave-one-out).
-    rooflines: [T, C] each training CPU's `roofline.roofline`, an input of the
-      acquisition (None: meta-train without it).
+    cache: a directory; the models are stored there (`save_models`) under a hash of the
+      inputs and loaded instead of trained when present.
   """
   log = log or (lambda msg: None)
-  key = models_key(task, training, seed, rooflines)
-  path = cache / f"glimpse-{task.name}-{key}.msgpack" if cache else None
-  roofs = [roofline_ratio(r, task.size)
-           for r in ([None] * len(training) if rooflines is None else rooflines)]
+  path = cache / f"glimpse-{task.name}-{models_key(task, data, seed)}.msgpack" if cache else None
+  if path is not None and path.exists():
+    models = load_models(task, path)
+    if models is not None:
+      return models
+  T = len(data.costs)
+  roofs = [roofline_ratio(None if data.rooflines is None else data.rooflines[t], task.size)
+           for t in range(T)]
   sizes = tuple(len(k.values) for k in task.knobs)
   X = jnp.asarray(task.features)
   VI = jnp.asarray(task.value_index)
-  bps = jnp.asarray(np.stack([bp for bp, _ in training]))
-  costs = np.stack([c for _, c in training])
+  bps = jnp.asarray(data.blueprints)
+  costs = np.asarray(data.costs, np.float64)
   valid = np.isfinite(costs)
   key = jax.random.PRNGKey(seed)
   k_prior, k_val, k_acq = jax.random.split(key, 3)
   prior_net, val_net, acq_net = PriorNet(sizes), ValidityNet(), AcquisitionNet()
   extra_dim = 7
-  joint = JointPrior.fit(np.asarray(bps), costs, families=families)
+  one = len(set(data.families)) < 2  # one family: each CPU predicted from the others
+  joint = JointPrior.fit(np.asarray(bps), costs, families=None if one else list(data.families))
   log(f"joint prior: bandwidth {joint.bandwidth:.3f}")
   templates = {
     "prior": prior_net.init(k_prior, bps[0]),
     "validity": [val_net.init(k, bps[0], X[:2]) for k in jax.random.split(k_val, ensemble)],
     "acquisition": acq_net.init(k_acq, bps[0], X[:2], jnp.zeros((2, extra_dim))),
   }
-  if path is not None and path.exists():
-    state = serialization.from_bytes(templates, path.read_bytes())
-    return GlimpseModels(task.name, state["prior"], list(state["validity"]), state["acquisition"],
-                         joint, rooflines is not None)
 
   # 1. Knob priors: per-knob marginals of the near-optimal distributions.
   w = joint.dists
@@ -419,7 +430,7 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   members = []
   labels = jnp.asarray(valid, jnp.float32)
   for m, init in enumerate(templates["validity"]):
-    pick = jnp.asarray(rng.integers(0, len(training), len(training)))
+    pick = jnp.asarray(rng.integers(0, T, T))
 
     def val_loss(params, key, pick=pick):
       logit = jax.vmap(lambda b: val_net.apply(params, b, X))(bps[pick])
@@ -432,9 +443,9 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   lp_all = jax.vmap(lambda b: log_prior(prior_net.apply(prior_params, b), VI, sizes))(bps)
   rows_bp, rows_extra, rows_lab, rows_z = [], [], [], []
   inputs = jax.jit(functools.partial(acquisition_inputs, num_knobs=len(sizes)))
-  for t in range(len(training)):
+  for t in range(T):
     logc = np.log(costs[t])
-    joint_t = joint.log_probs(training[t][0], exclude=t)
+    joint_t = joint.log_probs(data.blueprints[t], exclude=t)
     for obs, lab in _episodes(task, costs[t], rng, episodes):
       extra = inputs(X, lp_all[t], joint_t, roofs[t],
                      *_observations(task.features, obs, logc[obs]))
@@ -468,11 +479,9 @@ def meta_train(task: Task, training: list[tuple[np.ndarray, np.ndarray]], *, see
   log(f"acquisition: weighted cross-entropy {loss:.4f} on {lab.shape[0]} search states")
 
   models = GlimpseModels(task.name, prior_params, members, acq_params, joint,
-                         rooflines is not None)
+                         data.rooflines is not None)
   if path is not None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(serialization.to_bytes(
-        {"prior": prior_params, "validity": members, "acquisition": acq_params}))
+    save_models(models, task, path)
   return models
 
 
@@ -569,24 +578,36 @@ def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseMod
       meta-trained with rooflines.
 
   Returns:
-    {"best": index or None, "cost": best cost, "rejected": candidates the ensemble
-    rejected without evaluating}.
+    {"best": index or None, "cost": best cost, "rejected": candidates rejected without
+    evaluating (by the roofline, or without one by the ensemble)}.
   """
   if models.roofline and roofline is None:
     raise ValueError("these models were meta-trained with rooflines: pass the target's "
                      "(diffsim.search.roofline.roofline(task, table))")
   roof = roofline_ratio(roofline if models.roofline else None, task.size)
   rng = np.random.default_rng(seed)
-  votes = validity_votes(models, task, bp)
-  accept = (votes > 0.5).mean(0) > 0.5
-  if not accept.any():  # the ensemble rejects everything: fall back to trusting none
+  if models.roofline:
+    # The roofline lowered every configuration against the target's table: it knows
+    # which ones compile and which the table can run, where the ensemble only guesses
+    # (and, trained on other CPUs, sometimes rejects the optimum).
+    accept = np.isfinite(np.asarray(roofline, np.float64))
+  else:
+    accept = (validity_votes(models, task, bp) > 0.5).mean(0) > 0.5
+  if not accept.any():  # nothing accepted: fall back to trusting none
     accept[:] = True
   logprior = jnp.asarray(prior_log_probs(models, task, bp))
   joint = jnp.asarray(models.joint.log_probs(bp))
-  start = np.asarray(joint) - roof / _INIT_ROOF_TEMP
-  roof = jnp.asarray(roof)
   X = jnp.asarray(task.features)
   bpj = jnp.asarray(bp)
+
+  def acquisition(obs_ids, obs_costs):
+    seen_obs = _observations(task.features, np.asarray(obs_ids, int), np.log(obs_costs))
+    return np.asarray(_scores(models.acquisition, bpj, X, logprior, joint, jnp.asarray(roof),
+                              *seen_obs, len(task.knobs)))
+
+  # The initial design: the roofline's favourites, ties broken by the joint prior and by
+  # the acquisition before any observation (the blueprint-conditioned cost model it learned).
+  start = np.asarray(joint) + acquisition([], np.zeros(0)) - roof / _INIT_ROOF_TEMP
   noise = rng.gumbel(size=task.size) * 1e-4
   seen = np.zeros(task.size, bool)
   obs, obs_cost = [], []
@@ -596,10 +617,8 @@ def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseMod
       s = start + noise
     else:
       best_first = np.argsort(obs_cost)[:MAX_OBS]  # the best ones inform the GP most
-      seen_obs = _observations(task.features, np.asarray(obs, int)[best_first],
-                               np.log(np.asarray(obs_cost))[best_first])
-      s = np.asarray(_scores(models.acquisition, bpj, X, logprior, joint, roof, *seen_obs,
-                             len(task.knobs))) + noise
+      s = (acquisition(np.asarray(obs)[best_first], np.asarray(obs_cost)[best_first])
+           - roof / _ACQ_ROOF_TEMP + noise)
     s[seen | ~accept] = -np.inf
     if not np.isfinite(s).any():
       break

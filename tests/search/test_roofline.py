@@ -8,7 +8,7 @@ from scipy.stats import kendalltau
 from diffsim.params.table import load_table
 from diffsim.search.cpus import load_cpu
 from diffsim.search.evaluate import enumerate_costs
-from diffsim.search.roofline import roofline
+from diffsim.search.roofline import NORM, roofline
 from diffsim.search.space import TASKS
 
 
@@ -30,16 +30,32 @@ def test_invalid_configurations_have_no_roofline(dot):
   assert np.isinf(r[static | avx512]).all() and np.isfinite(r[~static & ~avx512]).all()
 
 
-def test_roofline_ranks_configurations_as_the_simulator_does(dot, tmp_path, monkeypatch):
-  monkeypatch.setenv("DIFFSIM_SEARCH_CACHE", str(tmp_path))
-  table = load_table("haswell")
-  cost = enumerate_costs(table, dot).cost
-  r = roofline(dot, table)
+@pytest.fixture(scope="module")
+def haswell_dot(dot, tmp_path_factory):
+  """The simulated cost of every dot configuration on haswell."""
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv("DIFFSIM_SEARCH_CACHE", str(tmp_path_factory.mktemp("enum")))
+    return enumerate_costs(load_table("haswell"), dot).cost
+
+
+def test_roofline_ranks_configurations_as_the_simulator_does(dot, haswell_dot):
+  cost = haswell_dot
+  r = roofline(dot, load_table("haswell"))
   ok = np.isfinite(cost) & np.isfinite(r)
   assert ok.sum() > 50
   assert kendalltau(r[ok], cost[ok])[0] > 0.6
   # Its favourite is within 5% of the simulated optimum.
   assert cost[np.argmin(r)] <= 1.05 * np.nanmin(cost)
+
+
+def test_the_largest_bound_is_a_lower_bound_on_the_simulated_cost(dot, haswell_dot):
+  strict = roofline(dot, load_table("haswell"), norm=np.inf)
+  ok = np.isfinite(haswell_dot) & np.isfinite(strict)
+  # Within 1%: the simulated cost is a steady state read over finitely many iterations.
+  assert (strict[ok] <= 1.01 * haswell_dot[ok]).all()
+  # The norm that combines the four bounds only raises it, by at most 4 ** (1 / NORM).
+  r = roofline(dot, load_table("haswell"))
+  assert (r[ok] >= strict[ok]).all() and (r[ok] <= 4 ** (1 / NORM) * strict[ok] * 1.0001).all()
 
 
 def test_each_variant_moves_the_bound_it_should(dot):

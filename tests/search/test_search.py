@@ -6,6 +6,7 @@ import pytest
 from diffsim.params.sample import sample_params
 from diffsim.params.table import load_table
 from diffsim.search.blueprint import blueprint
+from diffsim.search.cpus import TrainingSet
 from diffsim.search.evaluate import Objective, enumerate_costs_stack
 from diffsim.search.glimpse import JointPrior, meta_train, near_optimal, validity_votes
 from diffsim.search.space import TASKS
@@ -73,7 +74,9 @@ def test_glimpse_beats_random_on_held_out_sampled_cpus():
 
   from diffsim.params.sample import table_at
   bps = [blueprint(table_at(base, stacked, i)) for i in range(8)]
-  models = meta_train(task, [(b, c.cost) for b, c in zip(bps[:6], costs[:6])], steps=600)
+  training = TrainingSet(np.stack(bps[:6]), np.stack([c.cost for c in costs[:6]]),
+                         ("haswell",) * 6, None)
+  models = meta_train(task, training, steps=600)
   g, r = [], []
   for i in (6, 7):
     votes = validity_votes(models, task, bps[i]).mean(0)
