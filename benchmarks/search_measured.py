@@ -61,8 +61,8 @@ def main() -> None:
   import jax
   from scipy.stats import kendalltau
 
-  from diffsim.measure.cpu import cpu_identity, describe_cpu
   from diffsim.measure.config import MeasureConfig
+  from diffsim.measure.cpu import cpu_identity, describe_cpu
   from diffsim.measure.search import MeasuredSpace, measure_space, table_for_cpu
   from diffsim.params.table import load_table
   from diffsim.search.blueprint import blueprint, supported_isas

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from diffsim.sim.facts import Facts
-from diffsim.sim.state import LOAD, STORE, State, inflight, slot_dyn
+from diffsim.sim.state import LOAD, STORE, State, inflight
 
 
 def retire(state: State, facts: Facts, retire_width, on=True) -> State:

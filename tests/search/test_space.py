@@ -84,12 +84,11 @@ def _cpu_flags() -> set[str]:
                                     ("sse", 3, 3, 2, 1, "loadop", "interleaved")])
 def test_c_kernel_computes_the_gemm_tile(tmp_path, config):
   """The emitted C compiles and adds A x B into the tile, checked against a plain loop."""
+  import platform
   import shutil
   import subprocess
 
   from diffsim.search.codegen import c_kernel
-
-  import platform
 
   cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
   if cc is None or platform.machine().lower() not in ("x86_64", "amd64"):
