@@ -8,17 +8,17 @@ method then searches with the simulator's costs until it evaluates a configurati
 within 2% of that optimum, or exhausts the budget (counted as the budget). Printed per
 (CPU, task, method): mean evaluations over seeds, how many seeds reached the line, and
 the invalid configurations evaluated on the way, and for the `transfer` baseline
-(configurations in the order of their mean rank on the training CPUs, blind to the
-target) the rank of the target's optimum in that order and how far its first pick is
+(configurations in the order of their mean log cost over the training CPUs, each
+relative to its optimum, blind to the target: `baselines.transfer_order`) the rank of the target's optimum in that order and how far its first pick is
 from the optimum. The `roofline` control evaluates configurations in the order of their
 roofline on the target (`diffsim.search.roofline`: the table's analytic reading, which
 Glimpse's initial design and acquisition also use; `--no-roofline` meta-trains Glimpse
 without it). It reads the target's table, so it is an ablation of Glimpse (its prior
 alone, no search), reported beside the baselines rather than among them.
 `--perfvec` appends the shipped PerfVec model's uarch vector of each table (its table
-encoder, zero-shot) to every Blueprint. Then, per task, over all held-out CPUs and over the "moved" ones
-(where transfer's first pick is not within 2%), the mean evaluations and Glimpse's
-ratio to the best baseline, transfer included.
+encoder, zero-shot) to every Blueprint. Then, per task, over all held-out CPUs and over
+the "moved" ones (where transfer's first pick is not within 2%), the mean evaluations
+and Glimpse's ratio to the best baseline, transfer included.
 
 Glimpse's models are meta-trained on haswell, znver3, their variants and tables sampled
 around them, and cached; so are the enumerations (`--cache`, default runs/search).

@@ -68,10 +68,10 @@ def main() -> None:
   from diffsim.search.blueprint import blueprint, supported_isas
   from diffsim.search.cpus import training_set
   from diffsim.search.evaluate import Costs, Objective, enumerate_costs
-  from diffsim.search.glimpse import glimpse_search, meta_train
+  from diffsim.search.glimpse import meta_train
   from diffsim.search.roofline import roofline
   from diffsim.search.space import get_task
-  from diffsim.search.trials import run_trial
+  from diffsim.search.trials import run_method, run_trial
 
   ident = cpu_identity()
   table_name = args.table or table_for_cpu(ident)
@@ -162,17 +162,8 @@ def main() -> None:
         inval.append(t.invalid)
         # What the method picks when it spends the whole budget (no early stop).
         obj = Objective(task, costs=costs)
-        if m == "glimpse":
-          glimpse_search(task, bp, obj, args.budget, models=models, seed=seed, roofline=roof)
-        else:
-          from diffsim.search.baselines import METHODS, roofline_search, transfer_search
-
-          if m == "transfer":
-            transfer_search(task, obj, args.budget, training_costs=training_costs)
-          elif m == "roofline":
-            roofline_search(task, obj, args.budget, roofline=roof, seed=seed)
-          else:
-            METHODS[m](task, obj, args.budget, seed=seed)
+        run_method(m, task, obj, args.budget, seed=seed, bp=bp, models=models,
+                   training_costs=training_costs, roofline=roof)
         picked.append(np.nanmin([c for _, c in obj.history]))
         record[task_name]["trials"].setdefault(m, []).append(t.__dict__)
       summary.append((task_name, m, float(np.mean(evals))))

@@ -11,10 +11,10 @@
 2. Acquisition: `AcquisitionNet` scores a candidate from the Blueprint, the candidate's
    features, its log-prior, its roofline on the target (`roofline`: the table read
    against the candidate, without simulating) and a small Gaussian process's posterior
-   over what has been observed so far (mean, deviation, z-score); it is meta-trained across training CPUs
-   (each seeing the joint prior built without itself) to predict whether the candidate
-   beats the best observation, on search states drawn from many simulated episodes (a
-   learned probability of improvement).
+   over what has been observed so far (mean, deviation, z-score); it is meta-trained
+   across training CPUs (each seeing the joint prior built without itself) to predict
+   whether the candidate beats the best observation, on search states drawn from many
+   simulated episodes (a learned probability of improvement).
 3. Validity: an ensemble of `ValidityNet`s, each trained on a bootstrap of the training
    CPUs' enumerations, votes on whether a candidate compiles for the target; the search
    never evaluates a candidate the majority rejects. Given the target's roofline, the
@@ -24,8 +24,7 @@
 
 The search starts, as Bayesian optimisation does, from an initial design, here drawn from
 the joint prior times the roofline's near-optimal distribution (its `init` most likely
-configurations) instead of at random; then it
-picks, at each step, the unevaluated valid candidate that the acquisition ranks first,
+configurations) instead of at random; then it picks, at each step, the unevaluated valid candidate that the acquisition ranks first,
 weighed against its roofline (the roofline orders, the acquisition reorders near-ties).
 Costs enter every model as log(cost / best).
 """
@@ -52,7 +51,7 @@ from diffsim.search.space import Task
 _R_SCALE = 0.3
 _GP_LENGTH = 1.0
 _GP_NOISE = 1e-3
-MAX_OBS = 64  # observations the GP features use (the most recent valid ones)
+MAX_OBS = 64  # observations the GP features use (the best valid ones)
 _NEAR_OPT_TEMP = 0.05  # log-cost temperature of "near-optimal" in the priors' targets
 # The initial design weighs configurations by the joint prior times exp(-roofline ratio
 # / this): the roofline's near-optimal distribution, so sharp that the roofline ranks
@@ -597,13 +596,12 @@ def glimpse_search(task: Task, bp, objective, budget: int, *, models: GlimpseMod
     accept[:] = True
   logprior = jnp.asarray(prior_log_probs(models, task, bp))
   joint = jnp.asarray(models.joint.log_probs(bp))
-  X = jnp.asarray(task.features)
-  bpj = jnp.asarray(bp)
+  X, bpj, roofj = jnp.asarray(task.features), jnp.asarray(bp), jnp.asarray(roof)
 
   def acquisition(obs_ids, obs_costs):
     seen_obs = _observations(task.features, np.asarray(obs_ids, int), np.log(obs_costs))
-    return np.asarray(_scores(models.acquisition, bpj, X, logprior, joint, jnp.asarray(roof),
-                              *seen_obs, len(task.knobs)))
+    return np.asarray(_scores(models.acquisition, bpj, X, logprior, joint, roofj, *seen_obs,
+                              len(task.knobs)))
 
   # The initial design: the roofline's favourites, ties broken by the joint prior and by
   # the acquisition before any observation (the blueprint-conditioned cost model it learned).

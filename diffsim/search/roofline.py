@@ -15,7 +15,7 @@ iteration, four bounds:
   in flight (Little's law), the largest of them.
 Bounds that nearly tie contend for the same cycles: a kernel where two bind runs slower
 than either alone. So the roofline combines them in a `NORM`-norm rather than taking the
-largest (`norm=np.inf` gives the strict bound). It still ignores what only simulation
+largest (`norm=np.inf` gives the largest). It still ignores what only simulation
 sees (the reorder buffer filling, ports picked unevenly), so it is a prior, not a cost:
 Glimpse's acquisition learns how far to trust it, and `roofline_search` orders
 candidates by it alone (an ablation).
@@ -93,7 +93,8 @@ def _keys(low: _Lowered, table) -> np.ndarray:
 def roofline(task: Task, table, *, norm: float = NORM) -> np.ndarray:
   """[C] the roofline of every configuration on `table`, in cycles per flop (inf where
   the configuration is invalid or the table lacks one of its instructions): its bounds'
-  `norm`-norm (`np.inf`: the largest, a strict lower bound on the simulated cost).
+  `norm`-norm (`np.inf`: the largest, a lower bound on the simulated cost up to the
+  simulator's steady-state estimate).
 
   >>> from diffsim.params.table import load_table
   >>> from diffsim.search.space import get_task

@@ -29,17 +29,15 @@ class Trial:
   curve: tuple  # best cost / optimum after each evaluation (inf before any valid one)
 
 
-def run_trial(method: str, task: Task, costs: Costs, *, budget: int, seed: int,
-              bp=None, models=None, training_costs=None, roofline=None,
-              tolerance: float = 0.02) -> Trial:
-  """Runs `method` on `task` with costs from `costs`; see the module docstring.
+def run_method(method: str, task: Task, objective, budget: int, *, seed: int,
+               target: float | None = None, bp=None, models=None, training_costs=None,
+               roofline=None) -> None:
+  """Runs `method` through `objective` for `budget` evaluations, or until `target`.
 
   `bp`, `models` and `roofline` [C] (the target's `roofline.roofline`) serve "glimpse";
   `training_costs` [T, C] serves the "transfer" control (`baselines.transfer_search`),
   `roofline` the "roofline" one (`baselines.roofline_search`).
   """
-  objective = Objective(task, costs=costs)
-  target = costs.optimum * (1 + tolerance)
   if method == "glimpse":
     glimpse_search(task, bp, objective, budget, models=models, seed=seed, target=target,
                    roofline=roofline)
@@ -51,7 +49,17 @@ def run_trial(method: str, task: Task, costs: Costs, *, budget: int, seed: int,
   elif method in METHODS:
     METHODS[method](task, objective, budget, seed=seed, target=target)
   else:
-    raise ValueError(f"unknown method {method!r}: choose from {', '.join(ALL_METHODS)}, transfer, roofline")
+    raise ValueError(f"unknown method {method!r}: choose from {', '.join(ALL_METHODS)}, "
+                     "transfer, roofline")
+
+
+def run_trial(method: str, task: Task, costs: Costs, *, budget: int, seed: int,
+              tolerance: float = 0.02, **inputs) -> Trial:
+  """Runs `method` on `task` with costs from `costs`, stopping within `tolerance` of the
+  optimum; see the module docstring. `inputs`: what `run_method` passes on."""
+  objective = Objective(task, costs=costs)
+  run_method(method, task, objective, budget, seed=seed,
+             target=costs.optimum * (1 + tolerance), **inputs)
   c = np.array([c for _, c in objective.history[:budget]])
   best = np.minimum.accumulate(np.where(np.isfinite(c), c, np.inf)) / costs.optimum
   hit = np.flatnonzero(best <= 1 + tolerance)

@@ -39,7 +39,6 @@ def test_saved_models_read_back_whole_and_only_for_their_task(tmp_path):
   assert load_models(axpy, path) is None  # another task's space
 
 
-
 def test_the_roofline_decides_validity_whatever_the_ensemble_votes():
   # Models that use rooflines take validity from the target's roofline (the
   # configuration lowers and the table runs it): with an ensemble that accepts
