@@ -4,10 +4,16 @@
   diffsim measure --validate             known chains and port-bound blocks
 
 The output keeps one row per input row, in order: `hex,cycles_per_100_iterations,
-spread,error`, where a rejected or bad row has an empty value and the reason. The CPU's
-identity, the settings and a summary go to the sidecar `OUT.csv.json`. While it runs,
-finished blocks are logged to `OUT.csv.partial` (fsynced); rerunning the same command
-after an interruption measures only the blocks the log lacks.
+spread,confidence,error`, where a rejected or bad row has an empty value and the reason.
+`spread` is (max - min) / median over all of a block's passes; `confidence` (0 to 1)
+says how many passes agree on the value and how tightly, and
+`diffsim.measure.confidence_weights` turns it into fit weights. Blocks whose passes
+disagree (a busy core) are measured again in later sweeps until they agree or a time
+budget ends (`--budget-seconds`; by default as long again as the sweeps took, which a
+quiet machine does not use). The CPU's identity, the settings and a summary go to the
+sidecar `OUT.csv.json`. While it runs, finished blocks are logged to `OUT.csv.partial`
+(fsynced); rerunning the same command after an interruption measures only the blocks
+the log lacks, and those it was still measuring again.
 """
 
 from __future__ import annotations
@@ -30,8 +36,12 @@ def add_subcommand(subparsers) -> None:
                 "(cycles per 100 iterations, BHive's definition) with a native runner "
                 "built at first use by the system C compiler. Each block runs in a "
                 "forked child; the TSC is calibrated to core cycles by an add chain "
-                "timed alongside. Then `diffsim fit OUT.csv --init znver3 --out DIR` "
-                "learns a table for this CPU.")
+                "timed alongside. A block's value is the fastest cluster of passes that "
+                "agree within 1%% (noise on a busy core only slows a pass down); blocks "
+                "without one are measured again in later sweeps while a time budget "
+                "lasts, and every row gets a confidence from 0 to 1 (columns "
+                "hex,cycles_per_100_iterations,spread,confidence,error). Then `diffsim "
+                "fit OUT.csv --init znver3 --out DIR` learns a table for this CPU.")
   add_input(p)
   p.add_argument("-o", "--output", metavar="OUT.csv",
                  help="output CSV (needed unless --validate); also writes OUT.csv.json and, "
@@ -40,14 +50,30 @@ def add_subcommand(subparsers) -> None:
                  help="measure known chains and port-bound blocks and print them beside "
                       "their expected values (no input needed)")
   p.add_argument("--passes", type=positive_int, default=3,
-                 help="independent passes per block (default 3; 2 more when they disagree)")
+                 help="independent passes per block (default 3; 2 more when they disagree, "
+                      "and more in later sweeps until 3 agree or the budget ends)")
   p.add_argument("--rounds", type=positive_int, default=32,
                  help="timed rounds per pass (default 32)")
   p.add_argument("--max-pages", type=positive_int, default=12,
                  help="reject blocks that touch more scratch pages (default 12)")
   p.add_argument("--cpu", type=int, metavar="N",
                  help="core to run on (default: the last one available)")
+  p.add_argument("--budget-seconds", type=_seconds, metavar="S",
+                 help="time this run may spend measuring again the blocks whose passes "
+                      "disagree, until 3 agree within 1%% (default: as long as the first "
+                      "sweeps took, so at most about twice the time on a busy machine and "
+                      "next to nothing on a quiet one; 0: never)")
   p.set_defaults(func=cmd_measure)
+
+
+def _seconds(text: str) -> float:
+  try:
+    value = float(text)
+  except ValueError:
+    value = math.nan
+  if not value >= 0 or math.isinf(value):
+    raise argparse.ArgumentTypeError(f"expected seconds, 0 or more, got {text!r}")
+  return value
 
 
 def _config(args: argparse.Namespace):
@@ -56,7 +82,9 @@ def _config(args: argparse.Namespace):
   if args.rounds > 1024:
     raise CliError(f"--rounds {args.rounds}: at most 1024")
   return MeasureConfig(passes=args.passes, max_passes=args.passes + 2, rounds=args.rounds,
-                       max_pages=args.max_pages, cpu=args.cpu)
+                       max_pages=args.max_pages, cpu=args.cpu,
+                       agree_passes=min(3, args.passes),
+                       budget_seconds=getattr(args, "budget_seconds", None))
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
@@ -84,16 +112,19 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _write_csv(out: Path, rows: list, hexes: list, results: list, bad: dict) -> None:
-  """One row per input row, in order; a bad or rejected row has its reason, no value."""
+  """One row per input row, in order; a bad or rejected row has its reason, no value.
+  `confidence` comes after `spread` and before `error`, so that readers by position of
+  the older `hex,cycles_per_100_iterations,spread,error` still find the first three."""
   with open(out, "w", newline="") as f:
     w = csv.writer(f, lineterminator="\n")
-    w.writerow(["hex", "cycles_per_100_iterations", "spread", "error"])
+    w.writerow(["hex", "cycles_per_100_iterations", "spread", "confidence", "error"])
     for i, (h, r) in enumerate(zip(hexes, results)):
       err = r.error
       if i in bad:
         err = f"bad-row: {bad[i]}"
       w.writerow([h if h is not None else hex_field(rows[i]), fmt(r.cycles),
-                  "" if r.spread is None else f"{r.spread:.4f}", err or ""])
+                  "" if r.spread is None else f"{r.spread:.4f}",
+                  "" if r.confidence is None else f"{r.confidence:.3f}", err or ""])
 
 
 def _measure(args: argparse.Namespace) -> int:
@@ -127,6 +158,7 @@ def _measure(args: argparse.Namespace) -> int:
   cpu = cpu_identity()
   ok = [r for r in results if r.cycles is not None]
   spreads = sorted(r.spread for r in ok if r.spread is not None and math.isfinite(r.spread))
+  confs = sorted(r.confidence for r in ok if r.confidence is not None)
   summary = {
     "cpu": cpu, "input": str(path), "rows": len(rows), "measured": len(ok),
     "rejected": stats.rejected, "resumed": stats.resumed,
@@ -134,7 +166,12 @@ def _measure(args: argparse.Namespace) -> int:
     "median_spread": spreads[len(spreads) // 2] if spreads else None,
     "contended_passes": stats.contended_passes,
     "passes": stats.passes, "disturbed_passes": stats.disturbed_passes,
-    "config": {k: getattr(config, k) for k in ("passes", "max_passes", "rounds", "max_pages")},
+    "remeasured": stats.remeasured, "remeasure_passes": stats.extra_passes,
+    "remeasure_seconds": round(stats.extra_seconds, 3), "unconverged": stats.unconverged,
+    "median_confidence": confs[len(confs) // 2] if confs else None,
+    "config": {k: getattr(config, k) for k in ("passes", "max_passes", "rounds", "max_pages",
+                                               "agree", "agree_passes", "max_total_passes",
+                                               "budget_share", "budget_seconds")},
     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
   }
   Path(str(out) + ".json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -149,7 +186,12 @@ def _measure(args: argparse.Namespace) -> int:
   if stats.passes and stats.disturbed_passes > 0.2 * stats.passes:
     say(f"warning: {stats.disturbed_passes} of {stats.passes} passes were disturbed (the core "
         f"was busy: another process, or the host's other thread on this core); "
-        f"{stats.contended_passes} disturbed passes had to be kept. Rows with a large "
-        "spread are the ones to distrust, or measure again on a quieter machine")
+        f"{stats.contended_passes} disturbed passes had to be kept. Rows with a low "
+        "confidence are the ones to distrust, or measure again on a quieter machine")
+  if stats.remeasured:
+    say(f"{stats.remeasured} blocks whose passes disagreed were measured again "
+        f"({stats.extra_passes} passes, {stats.extra_seconds:.1f} s); "
+        f"{stats.unconverged} still disagreed when the budget or their passes ran out"
+        + (" (raise it with --budget-seconds)" if stats.unconverged else ""))
   say(f"wrote {out} and {out}.json")
   return 0

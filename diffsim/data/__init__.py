@@ -19,11 +19,13 @@ from diffsim.data.shipped import shared_data_dir as shared_data_dir
 from diffsim.data.shipped import shipped as shipped
 from diffsim.data.split import split as split
 from diffsim.data.split import split_ids as split_ids
+from diffsim.data.weights import confidence_weights as confidence_weights
 
 __all__ = [
   "SHIPPED",
   "Dataset",
   "Row",
+  "confidence_weights",
   "kendall_tau",
   "load_csv",
   "load_rows",

@@ -14,6 +14,9 @@ It writes
   those that llvm-mca labelled under all three models, in corpus order, with
   `hex,haswell_100,haswell_200,skylake_100,skylake_200,znver3_100,znver3_200` from
   `mca/{haswell,skylake,znver3}.csv` (Total Cycles for 100 and 200 iterations);
+- `corpus-sample.csv`: 6,000 blocks drawn uniformly (seeded) from `bhive/blocks.csv`,
+  in corpus order, with its columns `hex,apps` copied: the blocks `diffsim calibrate`
+  measures on a user's CPU (a user has no shared folder);
 - `BHIVE-LICENSE.txt`: BHive's MIT licence, copied.
 The same seed and the same shared files give byte-identical outputs. The folder's
 README.md (written by hand) documents the files.
@@ -35,6 +38,7 @@ ZEN5_N = 3000
 ZEN5_MAX_SPREAD = 0.05
 MCA_N = 2000
 MCA_CPUS = ("haswell", "skylake", "znver3")
+CORPUS_N = 6000
 
 
 def _read(path: Path) -> tuple[list[str], list[list[str]]]:
@@ -85,6 +89,14 @@ def make_mca(shared: Path, out: Path, seed: int) -> int:
   return len(picked)
 
 
+def make_corpus(shared: Path, out: Path, seed: int) -> int:
+  header, rows = _read(shared / "bhive" / "blocks.csv")
+  assert header[:2] == ["hex", "apps"], header
+  picked = _sample(len(rows), CORPUS_N, np.random.default_rng([seed, 3]))
+  _write(out / "corpus-sample.csv", ["hex", "apps"], [rows[i][:2] for i in picked])
+  return len(picked)
+
+
 def main(argv: list[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--shared", type=Path, default=None, help="the shared data folder")
@@ -98,10 +110,12 @@ def main(argv: list[str] | None = None) -> int:
   args.out.mkdir(parents=True, exist_ok=True)
   n1 = make_zen5(shared, args.out, args.seed)
   n2 = make_mca(shared, args.out, args.seed)
+  n3 = make_corpus(shared, args.out, args.seed)
   shutil.copyfile(shared / "bhive" / "LICENSE.txt", args.out / "BHIVE-LICENSE.txt")
-  for name in ("zen5-small.csv", "mca-small.csv", "BHIVE-LICENSE.txt"):
+  for name in ("zen5-small.csv", "mca-small.csv", "corpus-sample.csv", "BHIVE-LICENSE.txt"):
     print(f"{args.out / name}: {(args.out / name).stat().st_size:,} bytes")
-  print(f"zen5-small: {n1} blocks, mca-small: {n2} blocks, seed {args.seed}")
+  print(f"zen5-small: {n1} blocks, mca-small: {n2} blocks, corpus-sample: {n3} blocks, "
+        f"seed {args.seed}")
   return 0
 
 

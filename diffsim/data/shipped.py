@@ -24,6 +24,8 @@ SHIPPED = {
                                "result) measured alone on the Xeon 6 "
                                "(benchmarks/measure_anchors.py --chains); "
                                "hex,cycles_per_100_iterations,spread,error",
+  "corpus-sample.csv": "6,000 BHive corpus blocks, a uniform seeded sample (the blocks "
+                       "`diffsim calibrate` measures); hex,apps",
   "search-measured-xeon6.json": "every valid sse/avx2 configuration of the search tasks "
                                 "(gemm, dot, axpy) measured on a Xeon 6; "
                                 "{task: diffsim.measure.search.MeasuredSpace JSON}",

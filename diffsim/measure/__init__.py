@@ -6,7 +6,14 @@ ticks into core cycles with an interleaved calibration chain (`stats` holds the 
 estimates); `screen` rejects what cannot be timed; `harness` measures many blocks in
 sweeps of passes, logging finished ones (`resume`) so that a run resumes; `cpu` names
 the CPU the numbers belong to; `validate` checks the method on blocks with known
-answers. The output is a BHive-format CSV that `diffsim fit` learns a table from.
+answers. The output is a BHive-format CSV that `diffsim fit` learns a table from; each
+row carries a confidence, which `confidence_weights` turns into fit weights, so that
+rows measured on a busy core weigh less:
+
+>>> from diffsim.data import load_csv                       # doctest: +SKIP
+>>> ds = load_csv("out.csv")                                # doctest: +SKIP
+>>> w = confidence_weights(ds)   # [len(ds)] in [0, 1]      # doctest: +SKIP
+
 """
 
 from diffsim.measure.build import MeasureError as MeasureError
@@ -19,6 +26,7 @@ from diffsim.measure.harness import RunStats as RunStats
 from diffsim.measure.harness import measure_hexes as measure_hexes
 from diffsim.measure.validate import CHECKS as CHECKS
 from diffsim.measure.validate import run_checks as run_checks
+from diffsim.data.weights import confidence_weights as confidence_weights
 
 __all__ = [
   "CHECKS",
@@ -26,6 +34,7 @@ __all__ = [
   "MeasureConfig",
   "MeasureError",
   "RunStats",
+  "confidence_weights",
   "cpu_identity",
   "describe_cpu",
   "measure_hexes",

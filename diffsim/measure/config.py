@@ -1,4 +1,5 @@
-"""How hard to measure: the settings of a measuring run (passes, rounds, patience)."""
+"""How hard to measure: the settings of a measuring run (passes, rounds, patience, and
+the time it may spend measuring again the blocks whose passes disagree)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,16 @@ class MeasureConfig:
       one pass), so that a block's passes are spread in time; an interrupted run
       loses at most the chunk it was measuring.
     cpu: the core to pin the runner to (default: the last one this process may use).
+    agree: passes within this relative width of each other agree.
+    agree_passes: a block has converged when this many of its passes agree (the
+      fastest such cluster gives its value: noise only ever slows a pass down); one
+      that has not after the sweeps is measured again, in later sweeps.
+    max_total_passes: passes a block may get in all, re-measuring included.
+    budget_share: re-measuring may take this share of the time the sweeps took (1:
+      a busy machine spends at most about as long again; a quiet one, where passes
+      agree, nothing).
+    budget_seconds: a fixed re-measuring budget per run, in seconds, instead of
+      `budget_share` (0: never measure again).
   """
 
   passes: int = 3
@@ -48,8 +59,13 @@ class MeasureConfig:
   contention_wait: float = 0.2
   chunk: int = 128
   cpu: int | None = None
+  agree: float = 0.01
+  agree_passes: int = 3
+  max_total_passes: int = 16
+  budget_share: float = 1.0
+  budget_seconds: float | None = None
 
   @classmethod
   def quick(cls) -> MeasureConfig:
     """Fewer rounds and passes: for tests and notebooks, about 3x faster."""
-    return cls(passes=2, max_passes=3, rounds=16)
+    return cls(passes=2, max_passes=3, rounds=16, agree_passes=2, max_total_passes=8)

@@ -144,12 +144,13 @@ def test_cli_end_to_end(tmp_path, capsys):
   out = tmp_path / "out.csv"
   assert main(["measure", str(src), "-o", str(out), "--passes", "2", "--rounds", "16"]) == 0
   rows = list(csv.reader(out.open()))
-  assert rows[0] == ["hex", "cycles_per_100_iterations", "spread", "error"]
+  assert rows[0] == ["hex", "cycles_per_100_iterations", "spread", "confidence", "error"]
   assert [r[0] for r in rows[1:]] == ["4801d8", "zz", "480fafc3", "488b042500000000"]
-  assert float(rows[1][1]) == pytest.approx(100.0, rel=CLI_RTOL) and rows[1][3] == ""
-  assert rows[2][1] == "" and rows[2][3].startswith("bad-row")
+  assert float(rows[1][1]) == pytest.approx(100.0, rel=CLI_RTOL) and rows[1][4] == ""
+  assert 0 <= float(rows[1][3]) <= 1
+  assert rows[2][1] == "" and rows[2][3] == "" and rows[2][4].startswith("bad-row")
   assert float(rows[3][1]) == pytest.approx(300.0, rel=CLI_RTOL)
-  assert rows[4][1] == "" and rows[4][3].startswith("null-page")
+  assert rows[4][1] == "" and rows[4][4].startswith("null-page")
   side = json.loads((tmp_path / "out.csv.json").read_text())
   assert {"vendor", "family", "model", "stepping", "model_name"} <= set(side["cpu"])
   assert side["measured"] == 2 and side["rejected"] == {"bad-row": 1, "null-page": 1}
@@ -220,5 +221,5 @@ def test_cli_measures_the_bhive_corpus_format(tmp_path):
   out = tmp_path / "out.csv"
   assert main(["measure", str(src), "-o", str(out), "--passes", "2", "--rounds", "16"]) == 0
   rows = list(csv.reader(out.open()))
-  assert rows[1][0] == "4801d8" and rows[1][3] == ""
+  assert rows[1][0] == "4801d8" and rows[1][4] == ""
   assert float(rows[1][1]) == pytest.approx(100.0, rel=CLI_RTOL)
