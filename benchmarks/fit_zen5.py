@@ -149,7 +149,7 @@ def main() -> None:
   args = ap.parse_args()
   tune_xla()
   enable_compile_cache()
-  from diffsim.fit.exact import MOVES, refine
+  from diffsim.fit.recipe import Rows, fit_measured
   from diffsim.fit.trees import OpcodeTrees
   from diffsim.params.export import to_json
 
@@ -178,25 +178,22 @@ def main() -> None:
   trees = OpcodeTrees().fit(take(train_ids), ds.y[train_ids])
   trees_s = time.time() - t0
   start = load_table(args.init)
-  fit_blocks, fit_y = take(train_ids), ds.y[train_ids]
-  weights = np.ones(len(fit_y))
+  train = Rows.of(take(train_ids), ds.y[train_ids])
+  anchors = None
   if args.anchors:
-    anchors = load_csv(args.anchors if Path(args.anchors).exists() else shipped(args.anchors))
-    ok = np.isfinite(anchors.y) & (np.asarray(anchors.extra["spread"], np.float64) <= 0.05)
-    ab = decode_blocks([h for h, good in zip(anchors.hex, ok) if good])
-    fit_blocks, fit_y = fit_blocks + ab, np.concatenate([fit_y, anchors.y[ok]])
-    weights = np.concatenate([weights, np.full(len(ab), args.anchor_weight)])
-    print(f"{len(ab)} anchors ({args.anchors}) beside them, weight {args.anchor_weight:g}")
+    a = load_csv(args.anchors if Path(args.anchors).exists() else shipped(args.anchors))
+    ok = np.isfinite(a.y) & (np.asarray(a.extra["spread"], np.float64) <= 0.05)
+    anchors = Rows.of(decode_blocks([h for h, good in zip(a.hex, ok) if good]), a.y[ok])
   t0 = time.time()
-  refined = refine(start, fit_blocks, fit_y, MOVES, rounds=args.exact, cap=args.cap,
-                   val=(take(val_ids), ds.y[val_ids]), state_dir=out / "exact",
-                   weights=weights)
+  refined = fit_measured(start, train, anchors=anchors, anchor_weight=args.anchor_weight,
+                         val=Rows.of(take(val_ids), ds.y[val_ids]), rounds=args.exact,
+                         cap=args.cap, state_dir=out / "exact")
   fit_s = time.time() - t0
   doc = to_json(refined.table, cpu=args.name,
                 source=f"diffsim.fit.exact from {args.init} on {len(train_ids)} measured "
                        f"blocks ({args.data}, split seed 0, {args.app} held out)"
-                       + (f" and {int((weights > 1).sum())} anchors ({args.anchors})"
-                          if args.anchors else "") + f", {args.exact} rounds")
+                       + (f" and {len(anchors)} anchors ({args.anchors})"
+                          if anchors is not None else "") + f", {args.exact} rounds")
   write_json(doc, out / "params.json")
   (out / "history.json").write_text(json.dumps(refined.history, indent=1))
   fitted = load_table(str(out / "params.json"))

@@ -18,8 +18,8 @@ import diffsim
 # lookup, then decoding (the isa modules, ranked below); the bridges to llvm-mca and to
 # datasets, which parameter extraction already uses; parameter tables; the simulator;
 # the workflows built on it (perfvec reuses fit's training loop); measuring, which may
-# use anything before it; the command line, which may use everything; and the package's
-# curated surface and `python -m diffsim` on top. Nothing imports `cli` but those two.
+# use anything before it; calibration, which measures and fits; the command line, which
+# may use everything; and the package's curated surface and `python -m diffsim` on top. Nothing imports `cli` but those two.
 RANK = {
     "diffsim.llvmtools": 0,
     "diffsim.isa": 1,
@@ -31,9 +31,10 @@ RANK = {
     "diffsim.perfvec": 6,
     "diffsim.search": 6,
     "diffsim.measure": 7,
-    "diffsim.cli": 8,
-    "diffsim": 9,
-    "diffsim.__main__": 9,
+    "diffsim.calibrate": 8,
+    "diffsim.cli": 9,
+    "diffsim": 10,
+    "diffsim.__main__": 10,
 }
 # Inside isa the same rule, one step finer: the IR vocabulary, the two decoders' facts,
 # public decoding, what is built on it (assembly text, JSON, the background decoder),

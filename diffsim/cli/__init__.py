@@ -46,8 +46,8 @@ from diffsim.cli.predict import mca_predict, sim_predict  # noqa: F401 (public h
 
 # Subcommands with a module of their own: each defines `add_subcommand(subparsers)`,
 # which adds its parser and sets `func`.
-SUBSYSTEM_COMMANDS: tuple[str, ...] = ("diffsim.cli.measure", "diffsim.cli.perfvec",
-                                       "diffsim.cli.search")
+SUBSYSTEM_COMMANDS: tuple[str, ...] = ("diffsim.cli.measure", "diffsim.cli.calibrate",
+                                       "diffsim.cli.perfvec", "diffsim.cli.search")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,6 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
                       "and each opcode's latency, micro-ops, resource cycles, read-advance, "
                       "forwarding cost and port group move one step where the exact "
                       "simulator improves on the training blocks they touch (default 0)")
+  p.add_argument("--anchors", metavar="ANCHORS.csv",
+                 help="single instructions measured alone on the same CPU (diffsim "
+                      "calibrate's anchors.csv, or `diffsim measure` of one instruction a "
+                      "row), fitted beside the blocks in the exact search")
+  p.add_argument("--anchor-weight", type=float, default=4.0,
+                 help="how many blocks one anchor counts as (default 4)")
+  p.add_argument("--cap", type=positive_int, default=48,
+                 help="blocks that judge one opcode's move in the exact search (default 48)")
   p.add_argument("--batch-size", type=positive_int, default=128)
   p.add_argument("--lr", type=float, default=0.1,
                  help="Adam's peak step size, cosine-decayed (default 0.1)")

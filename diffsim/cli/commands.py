@@ -246,6 +246,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
   ds = load_labelled(path)
   if args.limit is not None:
     ds = ds.take(range(min(args.limit, len(ds))))
+  if args.anchors and not args.exact:
+    raise CliError("--anchors weigh in the exact search: give --exact ROUNDS too")
   if args.val:
     train, val = ds, load_labelled(Path(args.val))
     test = load_labelled(Path(args.test)) if args.test else None
@@ -273,7 +275,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
   fit_and_report(table, train, val, test, Path(args.out), config, init_name=args.init,
                  name=args.name, grow=args.grow, predictors=predictors, simulate=simulate,
                  decode=decode, held_out=held, progress=args.progress, log=say,
-                 exact_rounds=args.exact)
+                 exact_rounds=args.exact, exact_cap=args.cap, anchor_weight=args.anchor_weight,
+                 anchors=load_labelled(Path(args.anchors)) if args.anchors else None)
   return 0
 
 

@@ -32,12 +32,12 @@ def add_subcommand(subparsers) -> None:
   p = subparsers.add_parser("search", help="tune a kernel's code-generation knobs for a CPU")
   p.add_argument("task", choices=sorted(TASKS), metavar="TASK",
                  help=f"the kernel: {', '.join(sorted(TASKS))}")
-  p.add_argument("--target", metavar="CPU_OR_PARAMS.json",
+  p.add_argument("--target", "--params", metavar="CPU_OR_PARAMS.json",
                  help="a shipped table (haswell, skylake, znver3, zen5, graniterapids...), one "
                       "changed in what binds (zen5/narrow, skylake/fp-half...: "
-                      "diffsim.search.cpus.VARIANTS) or a JSON table file (`diffsim fit`'s); "
-                      "needed unless --measure, which defaults to the shipped table closest "
-                      "to this CPU")
+                      "diffsim.search.cpus.VARIANTS) or a JSON table file (`diffsim calibrate`'s "
+                      "DIR/params.json, `diffsim fit`'s); needed unless --measure, which "
+                      "defaults to the shipped table closest to this CPU")
   p.add_argument("--measure", action="store_true",
                  help="time each candidate on this CPU with the `diffsim measure` harness "
                       "instead of simulating it")
@@ -120,8 +120,9 @@ def _objective(args: argparse.Namespace, task):
     cpu = describe_cpu(ident)
     if target is None:
       target = table_for_cpu(ident)
-      say(f"blueprint from the shipped table {target} (the closest to {cpu}); "
-          "--target names another, or one `diffsim fit` learned from your measurements")
+      say(f"blueprint and roofline from the shipped table {target}, the closest to {cpu}, "
+          "which may be far from it: `diffsim calibrate --out DIR` learns this CPU's table "
+          "(30 minutes), then give --params DIR/params.json")
   elif target is None:
     raise CliError("--target is needed (a shipped table or a JSON file), unless --measure")
   elif args.exhaustive:

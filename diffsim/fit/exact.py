@@ -376,11 +376,25 @@ def _verified(p: dict, candidates: list[int], move: Move, ports, judge: "Judge",
   return keep
 
 
+def _out_of_time(table: Table, p: dict, best: dict, done: dict, val_mape, log) -> Refined:
+  """The result of a search stopped by its deadline between move kinds: the table it
+  has now where that scores better on validation than the best finished round."""
+  if val_mape is None:
+    best = p
+  elif (now := val_mape(p)) < done["best"]["val"]:
+    best, done["best"] = p, dict(round=len(done["history"]), val=now, partial=True)
+  log(f"exact search: out of time after {done['steps']} steps"
+      + (f", validation {100 * done['best']['val']:.2f}%" if val_mape is not None else ""))
+  return Refined(_table(table, best), done["history"],
+                 done["best"]["val"] if done["best"] else None)
+
+
 def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move], *,
            rounds: int = 2, cap: int = 48, min_blocks: int = 3, min_gain: float = 0.002,
            val: tuple[Sequence, np.ndarray] | None = None, state_dir=None,
            frozen: Callable[[int], bool] | None = None, passes: int = 4,
-           weights: np.ndarray | None = None, log=print) -> Refined:
+           weights: np.ndarray | None = None, deadline: float | None = None,
+           log=print) -> Refined:
   """Coordinate search over per-opcode integers, judged by the exact simulator.
 
   Each round tries every move on every opcode that enough training blocks use; a move
@@ -403,6 +417,9 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
     passes: how often one move kind is judged again, for the opcodes that gained
       alone but were dropped when judged with the others (`_verified`), and for those
       whose move was kept (one step further).
+    deadline: a `time.time()` after which no new move kind starts: the search scores
+      the table it has on the validation blocks and stops (a time budget; the state is
+      saved, so a later call with a later deadline goes on).
     weights: per training block, how much its error counts (default 1). Blocks
       weighted above 1 (micro-benchmarks of single instructions, the clean evidence)
       also judge every opcode they use, whatever `cap` samples.
@@ -455,6 +472,8 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
       step += 1
       if step <= done["steps"]:
         continue
+      if deadline is not None and time.time() > deadline:
+        return _out_of_time(table, p, best, done, val_mape if val is not None else None, log)
       t0 = time.time()
       kept, pending, tried = [], rows, 0
       if move.field in GLOBAL:  # one number for every block: judged on all of them

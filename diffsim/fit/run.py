@@ -88,12 +88,15 @@ def fit_and_report(table: Table, train, val, test, out: Path, config: FitConfig,
                    simulate: Callable[[Table], Predictor], decode, held_out: str,
                    progress: bool, log=print,
                    subsets: dict[str, np.ndarray] | None = None,
-                   exact_rounds: int = 0, exact_cap: int = 48) -> dict:
+                   exact_rounds: int = 0, exact_cap: int = 48,
+                   anchors=None, anchor_weight: float = 4.0) -> dict:
   """Fits, exports DIR/params.json, DIR/loss.png and DIR/report.json; returns the report.
 
   The gradient fit (`config.epochs` > 0, then growth with `grow`) comes first; then
-  `exact_rounds` rounds of the exact per-opcode search (`diffsim.fit.exact`) on the
-  training blocks, the best round by validation error kept.
+  `exact_rounds` rounds of the exact per-opcode search (`diffsim.fit.recipe`) on the
+  training blocks, each weighted by its measurement's confidence
+  (`diffsim.data.weights`), with the single instructions of `anchors` (a labelled dataset) beside them, the best round
+  by validation error kept.
 
   Args:
     predictors: llvm-mca (or other) predictors reported beside diffsim's.
@@ -121,14 +124,19 @@ def fit_and_report(table: Table, train, val, test, out: Path, config: FitConfig,
       final_table, final_params = grown, result.params
   exact_history = []
   if exact_rounds:
-    from diffsim.fit.exact import MOVES, refine
+    from diffsim.data.weights import confidence_weights
     from diffsim.fit.learn import rounded
+    from diffsim.fit.recipe import Rows, fit_measured
 
     start = dataclasses.replace(final_table, params=rounded(final_params))
-    tr, va = decode(list(train.hex)), decode(list(val.hex)) if val is not None else None
-    refined = refine(start, tr, train.y, MOVES, rounds=exact_rounds, cap=exact_cap,
-                     val=(va, val.y) if va is not None else None, state_dir=out / "exact",
-                     log=log)
+    rows = Rows.of(decode(list(train.hex)), train.y, confidence_weights(train))
+    val_rows = Rows.of(decode(list(val.hex)), val.y) if val is not None else None
+    anchor_rows = (Rows.of(decode(list(anchors.hex)), anchors.y,
+                        confidence_weights(anchors))
+                   if anchors is not None else None)
+    refined = fit_measured(start, rows, anchors=anchor_rows, anchor_weight=anchor_weight,
+                           val=val_rows, rounds=exact_rounds, cap=exact_cap,
+                           state_dir=out / "exact", log=log)
     final_table, final_params, exact_history = refined.table, refined.table.params, \
         refined.history
   n_train = len(train)
