@@ -6,8 +6,8 @@ prints one table row per setting: blocks per second over the best of a few repea
 The disassembly is timed separately and is not part of the figure. Results are checked
 against the shipped haswell labels, so a fast but wrong bridge shows up here too.
 
-This is the speed the JAX simulator is compared against (design.md quotes its
-prototypes in multiples of llvm-mca's blocks/s).
+This is the speed the JAX simulator is compared against (`benchmarks/RESULTS.md`,
+Simulator speed, gives it in multiples of llvm-mca's blocks/s).
 
   python benchmarks/mca_speed.py [--n 2000] [--jobs 1 2] [--mcpu haswell] [--repeats 3]
 

@@ -19,7 +19,7 @@ import pytest
 from diffsim.cli.common import enable_compile_cache
 
 # Silent broadcasting between arrays of different rank is a bug in this codebase
-# (style.md 6): make it fail loudly in every test.
+# (diffsim/ARCHITECTURE.md#numerics): make it fail loudly in every test.
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 # Compiled programs are kept on disk for this session only: the modules compile many

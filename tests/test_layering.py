@@ -14,7 +14,7 @@ from pathlib import Path
 
 import diffsim
 
-# Rank of each unit, in the order data flows (design.md, style.md 1): the LLVM tool
+# Rank of each unit, in the order data flows (diffsim/ARCHITECTURE.md#layering): the LLVM tool
 # lookup, then decoding (the isa modules, ranked below); the bridges to llvm-mca and to
 # datasets, which parameter extraction already uses; parameter tables; the simulator;
 # the workflows built on it (perfvec reuses fit's training loop); measuring, which may

@@ -5,9 +5,9 @@ for each register source of instruction c, the instruction that produced the val
 in the same iteration (distance 0) or in the previous one (distance 1, loop-carried).
 A partial write (`movb $1,%al`) keeps the rest of the old value, so a later full
 read also depends on the writer before it, and so on back to a full write
-(pipeline-model.md 4.5). Dependencies are edges; each instruction has at most D in,
-and each producer at most C out (its consumers, the same edges seen from the other
-end, which the simulator uses to wake readers up).
+(diffsim/sim/MODEL.md#register-dependencies). Dependencies are edges; each instruction
+has at most D in, and each producer at most C out (its consumers, the same edges seen
+from the other end, which the simulator uses to wake readers up).
 
 CPUs with register files (`Renaming`, Zen 3) rename registers the way llvm-mca's
 RegisterFile does, which changes the edges (`rename_dependencies`): an 8/16-bit GPR

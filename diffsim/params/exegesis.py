@@ -1,7 +1,8 @@
 """Reads scheduling classes from llvm-exegesis 14's analysis mode.
 
 llvm-exegesis prints, for every benchmark point whose measurement disagrees with the
-CPU model, the model's view of that point's scheduling class (pipeline-model.md 5.1):
+CPU model, the model's view of that point's scheduling class
+(diffsim/sim/MODEL.md#llvm-exegesis):
 its name, NumMicroOps, the write-latency entries (with their WriteResourceIDs when
 there are several), RThroughput, the resource list as written in the model
 (`WriteProcRes`: groups named, cycles not expanded) and the idealised per-unit

@@ -2,7 +2,7 @@
 
 A fitted table is only of use outside one Python session as a file that `load_table`
 reads, and llvm-mca's own tables are integers, so `to_json` rounds the numbers.
-Resource cycles are fitted after llvm-mca's normalisation (pipeline-model.md 3.1),
+Resource cycles are fitted after llvm-mca's normalisation (diffsim/sim/MODEL.md#resource-lists),
 which cannot be undone in general, so each opcode is written in the normalised form
 (`"kept"`, `"touched"`, `"buffers"`: SCHEMA.md) rather than as a `WriteProcRes` list.
 

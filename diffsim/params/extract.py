@@ -6,7 +6,7 @@ TableGen sources. Sources, in order of authority:
 1. `llvm-mca -instruction-tables` on the example instance of every key: NumMicroOps,
    MaxLatency, MayLoad/MayStore/HasSideEffects, load/store barriers, and the static
    per-unit pressure that any resource list must reproduce.
-2. `llvm-exegesis -mode=analysis` (pipeline-model.md 5.1) on the MCInst llvm-mca
+2. `llvm-exegesis -mode=analysis` (diffsim/sim/MODEL.md#llvm-exegesis) on the MCInst llvm-mca
    builds from that same text: the scheduling class, its resource list with group
    names and cycles, and its write-latency entries.
 3. `llvm-mca` simulations of small regions: buffer sizes and which buffers each key

@@ -1,7 +1,7 @@
 """Timeline probes: what llvm-mca never prints, read off its per-instruction cycles.
 
 llvm-mca does not print ReadAdvance, per-definition latencies, idiom flags or group
-flags (pipeline-model.md 5). They show in the JSON timeline of tiny regions
+flags (diffsim/sim/MODEL.md#what-llvm-mca-prints). They show in the JSON timeline of tiny regions
 (`-iterations=1 -json -timeline`), where llvm-mca reports for each instruction the
 cycle it was dispatched, became ready (all register operands available), issued,
 executed and retired. All probes of one CPU run as regions of a few llvm-mca

@@ -15,7 +15,7 @@ llvm-mca does print:
   units that finish a listed group otherwise inside it (`infer_buffered_group`).
 
 The same module re-implements the parts of llvm-mca that turn a resource list into
-what the simulator consumes (pipeline-model.md 3.1), so that every list can be
+what the simulator consumes (diffsim/sim/MODEL.md#resource-lists), so that every list can be
 checked against llvm-mca's static per-unit pressure before it is written out.
 """
 
@@ -112,7 +112,7 @@ class Model:
 
 def expand(model: Model, res: Iterable[tuple[str, int]]) -> dict[str, int]:
   """LLVM's expansion of a written resource list: each resource also charges its
-  cycles to every group that contains all of its units (pipeline-model.md 3.1)."""
+  cycles to every group that contains all of its units (diffsim/sim/MODEL.md#resource-lists)."""
   out: dict[str, int] = {}
   for name, cyc in res:
     out[name] = out.get(name, 0) + cyc
@@ -125,7 +125,8 @@ def expand(model: Model, res: Iterable[tuple[str, int]]) -> dict[str, int]:
 
 @dataclasses.dataclass
 class Normalized:
-  """llvm-mca's view of one instruction's resources after 3.1."""
+  """llvm-mca's view of one instruction's resources after its normalisation
+  (diffsim/sim/MODEL.md#resource-lists)."""
 
   kept: list  # [(name, cycles)] in normalisation order
   touched: set  # groups dropped because members cover them
@@ -133,7 +134,7 @@ class Normalized:
 
 
 def normalize(model: Model, expanded: dict[str, int]) -> Normalized:
-  """llvm-mca's de-expansion (pipeline-model.md 3.1) of an expanded list."""
+  """llvm-mca's de-expansion (diffsim/sim/MODEL.md#resource-lists) of an expanded list."""
   items = sorted(expanded, key=model.mask_rank)
   cyc = dict(expanded)
   need = {n: 1 for n in items}
@@ -178,7 +179,7 @@ def pressure_matches(model: Model, want: dict[str, float], got: dict[str, float]
 
 def buffers_used(model: Model, res: Iterable[tuple[str, int]]) -> set[str]:
   """The buffered resources an instruction takes an entry in (one per resource):
-  those in its expanded list (pipeline-model.md 3.1, "Buffers")."""
+  those in its expanded list (diffsim/sim/MODEL.md#buffers)."""
   return {r for r in expand(model, res) if r in model.buffers}
 
 
@@ -411,9 +412,9 @@ def repair(model: Model, listed: list, want: dict) -> list | None:
 def resolve_resources(model: Model, listed: list, want: dict) -> tuple[list, str | None]:
   """The resource list to publish for one key, and a note when it was inferred.
 
-  The list published is llvm-mca's kept list after its normalisation (3.1) of the
-  expansion of llvm-exegesis' list; for ordinary classes that is llvm-exegesis' list
-  itself.
+  The list published is llvm-mca's kept list after its normalisation
+  (diffsim/sim/MODEL.md#resource-lists) of the expansion of llvm-exegesis' list; for
+  ordinary classes that is llvm-exegesis' list itself.
   """
   norm = normalize(model, expand(model, listed))
   if pressure_matches(model, want, static_pressure(model, norm.kept)):

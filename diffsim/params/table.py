@@ -13,7 +13,7 @@ A table has three parts (see docs in `SCHEMA.md` for the JSON form):
 Resource indices follow llvm-mca's bit order: units (ProcResource kinds, a kind with
 N units expanded to N units) sorted by name with digit runs compared as numbers,
 then groups in the same order. `res_cycles[k, r]` is the number of cycles opcode k
-keeps resource r busy after llvm-mca's normalisation (pipeline-model.md 3.1): for a
+keeps resource r busy after llvm-mca's normalisation (diffsim/sim/MODEL.md#resource-lists): for a
 unit, that unit; for a group, one member chosen at issue.
 """
 
@@ -153,7 +153,7 @@ def expand_units(resources) -> tuple[list[str], dict[str, list[str]], list[dict]
 
 
 def normalise(entries, members: Mapping[str, int], order: Mapping[str, int], groups: set):
-  """llvm-mca's de-expansion of a resource list (pipeline-model.md 3.1).
+  """llvm-mca's de-expansion of a resource list (diffsim/sim/MODEL.md#resource-lists).
 
   Args:
     entries: [(resource, cycles)] as written in the model (own cycles, groups named).

@@ -1,7 +1,7 @@
 """Dispatch stage: in-order dispatch into the reorder buffer and schedulers.
 
 Up to the dispatch width of micro-ops per cycle, in program order; the first
-instruction that cannot go stops dispatch for the cycle (pipeline-model.md 4.4).
+instruction that cannot go stops dispatch for the cycle (diffsim/sim/MODEL.md#dispatch).
 An instruction with more micro-ops than the width takes whole cycles and carries the
 rest over. Dispatch takes ROB, scheduler, load/store-queue entries and physical
 registers, and links each register read to its producer: a read of an issued

@@ -2,7 +2,7 @@
 
 Each cycle, after retirement, instructions whose operands are ready, whose memory
 ordering allows it and whose resources are free issue one at a time, best priority
-first, until none can (pipeline-model.md 4.2-4.3). Priority is (age - users, age):
+first, until none can (diffsim/sim/MODEL.md#issue). Priority is (age - users, age):
 an older instruction, or one that more dispatched readers wait on, goes first.
 A group picks one free member unit round-robin from its highest unit down; every
 unit that becomes busy moves the round-robin state of every group containing it.

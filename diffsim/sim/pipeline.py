@@ -2,7 +2,7 @@
 
 A cycle is a straight list of stage calls in llvm-mca's order: retire, issue (the
 execute stage's release/complete/wake-up are implicit in the cycle numbers it
-compares), then dispatch (pipeline-model.md 4); `step` runs it one issue round at a
+compares), then dispatch (diffsim/sim/MODEL.md#one-cycle); `step` runs it one issue round at a
 time. `run_block` repeats it until every instruction of every iteration has retired.
 """
 

@@ -1,9 +1,9 @@
 """Retire stage: in-order retirement from the reorder-buffer head.
 
 At the start of cycle t, every instruction from the head whose executed cycle is
-before t retires, up to the retire width when the model has one (pipeline-model.md
-4.1). Retiring frees ROB entries, load/store-queue entries and physical registers,
-which dispatch can reuse in the same cycle.
+before t retires, up to the retire width when the model has one
+(diffsim/sim/MODEL.md#retire). Retiring frees ROB entries, load/store-queue entries and
+physical registers, which dispatch can reuse in the same cycle.
 """
 
 from __future__ import annotations

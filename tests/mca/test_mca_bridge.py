@@ -8,7 +8,7 @@ from diffsim.mca import McaError, McaResult, run_mca
 
 pytestmark = pytest.mark.mca
 
-# pipeline-model.md section 7: (asm, Total Cycles for N = 1, 10, 100) on haswell.
+# diffsim/sim/MODEL.md#worked-examples: (asm, Total Cycles for N = 1, 10, 100) on haswell.
 WORKED = {
   "ex1_chain": ("addl %ecx, %eax\nimull %eax, %eax", (7, 43, 403)),
   "ex2_ports": (

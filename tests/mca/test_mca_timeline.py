@@ -11,7 +11,8 @@ pytestmark = pytest.mark.mca
 
 
 def test_chain_events(llvm_mca):
-  # ex1 of pipeline-model.md: add (1 cycle) feeds imul (3 cycles) feeds the next add.
+  # ex1 of diffsim/sim/MODEL.md#worked-examples: add (1 cycle) feeds imul (3 cycles)
+  # feeds the next add.
   t = timeline("addl %ecx, %eax\nimull %eax, %eax", "haswell", 10)
   assert t.total_cycles == 43 and t.iterations == 10 and len(t.instructions) == 2
   for a in (t.dispatched, t.ready, t.issued, t.executed, t.retired):

@@ -1,6 +1,7 @@
 """Tests of the llvm-mca parameter extraction (diffsim.params.extract and helpers).
 
-The shipped tables are checked against facts of pipeline-model.md (2, 3.1, 5.1, 7);
+The shipped tables are checked against the facts diffsim/sim/MODEL.md gives (global
+parameters, resource lists, llvm-exegesis' lists, worked examples);
 a few keys are rebuilt with the real LLVM 14 tools (marked `mca`, skipped without
 them); rebuilding whole tables is `slow`.
 """
@@ -154,7 +155,7 @@ def test_haswell_idioms(haswell):
   xor = ops["XOR32rr@same"]
   assert xor["zero_idiom"] and (xor["latency"], xor["resources"]) == (0, [])
   assert ops["XOR32rr"]["latency"] == 1 and not ops["XOR32rr"].get("zero_idiom")
-  # pipeline-model.md 4.5: not idioms on Haswell.
+  # diffsim/sim/MODEL.md#zero-idioms: not idioms on Haswell.
   for k in ("XOR8rr@same", "SBB32rr@same", "PCMPEQDrr@same", "CMP64rr@same"):
     assert not ops[k].get("zero_idiom") and not ops[k].get("dep_breaking"), k
   assert not any(e.get("move_elim") for e in ops.values())
@@ -228,7 +229,7 @@ def _haswell_model():
 
 
 def test_normalize_reserves_divl_groups():
-  # pipeline-model.md 3.1: divl reserves HWPort01 (1 cycle) and HWPort0156 (11 cycles).
+  # diffsim/sim/MODEL.md#resource-lists: divl reserves HWPort01 (1 cycle) and HWPort0156 (11).
   m = _haswell_model()
   written = [("HWPort0", 7), ("HWPort1", 7), ("HWPort5", 3), ("HWPort6", 3), ("HWPort01", 1),
              ("HWPort0156", 11)]

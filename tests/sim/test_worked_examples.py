@@ -1,7 +1,7 @@
-"""The ten worked examples of pipeline-model.md section 7, cycle-exact.
+"""The ten worked examples of diffsim/sim/MODEL.md#worked-examples, cycle-exact.
 
-Total Cycles for 1, 10 and 100 iterations under llvm-mca 14's haswell model, as the
-spec gives them (each was produced by llvm-mca 14.0.6). The haswell table is the
+Total Cycles for 1, 10 and 100 iterations under llvm-mca 14's haswell model, as that
+section gives them (each was produced by llvm-mca 14.0.6). The haswell table is the
 shipped one, extracted from llvm-mca itself, so these check the simulator and the
 extraction together.
 """
