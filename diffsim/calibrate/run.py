@@ -256,17 +256,33 @@ def _cpu_label(cpu: dict) -> str:
           f"model {cpu.get('model')} stepping {cpu.get('stepping')})")
 
 
+STAGES = ("probes", "anchors", "blocks", "base", "fit", "report")
+
+
 def calibrate(out: str | Path, config: CalibrateConfig = CalibrateConfig(), *,
-              progress: bool = False, log=print) -> dict:
-  """Calibrates a table for this machine's CPU into `out` (resumable); returns the
-  report (`DIR/report.json`). Raises `CalibrateError` (or `MeasureError`) with a
-  message a person can act on."""
+              until: str = "report", progress: bool = False, log=print) -> dict:
+  """Calibrates a table for this machine's CPU into `out` (resumable).
+
+  Args:
+    out: the calibration's folder (new, empty, or an earlier calibration's).
+    config: what to measure and the time budget.
+    until: the last stage to run (`STAGES`); a later call goes on from there.
+
+  Returns:
+    The manifest (`DIR/calibrate.json`: the CPU, the settings, each stage's record),
+    with the report (`DIR/report.json`) under "report" once that stage has run.
+
+  Raises:
+    CalibrateError, MeasureError: with a message a person can act on.
+  """
+  if until not in STAGES:
+    raise CalibrateError(f"until={until!r}: one of {', '.join(STAGES)}")
   c = Calibration(Path(out), config, progress, log)
-  c.stage("probes", c.probes)
-  c.stage("anchors", c.anchors)
-  c.stage("blocks", c.blocks)
-  c.merge()
-  c.stage("base", c.base)
-  c.stage("fit", c.fit)
-  c.stage("report", c.report)
-  return json.loads((c.out / "report.json").read_text())
+  for name in STAGES[:STAGES.index(until) + 1]:
+    c.stage(name, getattr(c, name))
+    if name == "blocks":
+      c.merge()
+  doc = dict(c.manifest.doc)
+  if (c.out / "report.json").exists() and "report" in doc["stages"]:
+    doc["report"] = json.loads((c.out / "report.json").read_text())
+  return doc

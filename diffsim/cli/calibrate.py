@@ -59,6 +59,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                        log=lambda s: say(s))
   except (CalibrateError, MeasureError) as e:
     raise CliError(str(e)) from None
-  say(f"calibrated {report['cpu_label']}: --params {args.out}/params.json "
+  say(f"calibrated {report['report']['cpu_label']}: --params {args.out}/params.json "
       f"(report: {args.out}/report.md)")
   return 0

@@ -26,9 +26,14 @@ SHIPPED = {
                                "hex,cycles_per_100_iterations,spread,error",
   "corpus-sample.csv": "6,000 BHive corpus blocks, a uniform seeded sample (the blocks "
                        "`diffsim calibrate` measures); hex,apps",
+  "calibrate-zen4.json": "the report of `diffsim calibrate` (default settings) on an AMD "
+                         "EPYC Zen 4 VM: stage times, probed structure, held-out table",
+  "zen4-calibrate-measured.csv": "what that calibration measured (48 probes, 1,723 anchors, "
+                                 "3,000 blocks); hex,cycles_per_100_iterations,spread,"
+                                 "confidence,error,kind,name",
   "search-measured-xeon6.json": "every valid sse/avx2 configuration of the search tasks "
                                 "(gemm, dot, axpy) measured on a Xeon 6; "
-                                "{task: diffsim.measure.search.MeasuredSpace JSON}",
+                                "{task: diffsim.search.measured.MeasuredSpace JSON}",
 }
 
 
