@@ -306,26 +306,21 @@ def verdicts(measured: Mapping[str, float | None]) -> list[Verdict]:
       ev["agree"] = all(v == votes[0] for v in votes)
       out.append(Verdict(f"split@{w}", sum(votes) * 2 > len(votes), ev))
 
-  stack = [n for n in ("stack.block", "stack.pairs") if n in m]
-  if stack:
-    # Without a stack engine the 8 rsp updates chain at 1 cycle or more each.
-    votes = [m[n] / per[n] < 0.75 for n in stack]
-    ev = _ev(m, *stack, per=per)
-    ev["agree"] = all(v == votes[0] for v in votes)
-    out.append(Verdict("stack_engine", votes[0], ev))
-  moves = [n for n in ("move.elim", "move.elim32") if n in m]
-  if moves:
-    votes = [m[n] / per[n] < 0.5 for n in moves]
-    ev = _ev(m, *moves, per=per)
-    ev["agree"] = all(v == votes[0] for v in votes)
-    out.append(Verdict("move_elimination", votes[0], ev))
-  zero = [n for n in ("zero.xor", "zero.vxor") if n in m]
-  if zero:
-    # Unbroken, the chain costs the multiply plus the xor: 3 + 1 cycles or more.
-    votes = [m[n] < 2.5 for n in zero]
-    ev = _ev(m, *zero, per=per)
-    ev["agree"] = all(v == votes[0] for v in votes)
-    out.append(Verdict("zero_idiom", votes[0], ev))
+  def switch(field: str, names: tuple[str, ...], says_yes) -> None:
+    """A yes/no verdict from one or two probes (the first decides; `agree` says
+    whether the second read the same)."""
+    names = tuple(n for n in names if n in m)
+    if names:
+      votes = [says_yes(n) for n in names]
+      ev = _ev(m, *names, per=per)
+      ev["agree"] = all(v == votes[0] for v in votes)
+      out.append(Verdict(field, votes[0], ev))
+
+  # Without a stack engine the 8 rsp updates chain at 1 cycle or more each.
+  switch("stack_engine", ("stack.block", "stack.pairs"), lambda n: m[n] / per[n] < 0.75)
+  switch("move_elimination", ("move.elim", "move.elim32"), lambda n: m[n] / per[n] < 0.5)
+  # Unbroken, the chain costs the multiply plus the xor: 3 + 1 cycles or more.
+  switch("zero_idiom", ("zero.xor", "zero.vxor"), lambda n: m[n] < 2.5)
 
   if "forward.index" in m:
     fwd = m["forward.index"]

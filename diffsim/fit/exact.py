@@ -376,6 +376,16 @@ def _verified(p: dict, candidates: list[int], move: Move, ports, judge: "Judge",
   return keep
 
 
+def _mappings() -> int | None:
+  """The process's memory mappings (Linux), which compiled programs hold: a long search
+  must keep them flat, as the kernel caps them (vm.max_map_count, 65,530 by default)."""
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return None
+
+
 def _out_of_time(table: Table, p: dict, best: dict, done: dict, val_mape, log) -> Refined:
   """The result of a search stopped by its deadline between move kinds: the table it
   has now where that scores better on validation than the best finished round."""
@@ -520,7 +530,8 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
         # search: a divide 20 cycles off needs several steps).
         pending = [k for k in moved if gains[k] >= min_gain and k not in now] + now
       rec = dict(round=r, move=str(move), tried=tried, kept=len(kept),
-                 train=float(err[judged].mean()), seconds=time.time() - t0)
+                 train=float(err[judged].mean()), seconds=time.time() - t0,
+                 mappings=_mappings())
       if move is moves[-1]:
         jax.clear_caches()  # a round compiles many programs; a process holds only so many
       if move is moves[-1] and val is not None:
