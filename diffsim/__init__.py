@@ -9,6 +9,9 @@ until a simulator name is touched. The subpackages hold the rest:
 - `diffsim.data`: BHive-format files, splits, metrics and the shipped datasets.
 - `diffsim.params`: CPU parameter tables (shipped, from JSON, or built from llvm-mca).
 - `diffsim.sim`: the simulator itself.
+- `diffsim.fit`, `diffsim.perfvec`, `diffsim.search`: the three workflows.
+- `diffsim.measure`: throughputs measured on this CPU; `diffsim.calibrate`: a table
+  for it (`diffsim.calibrate.calibrate(out)`).
 
 >>> import diffsim
 >>> "simulate_blocks" in diffsim.__all__
@@ -60,7 +63,8 @@ _EXPORTS = {
   "fit": "diffsim.fit",
   "FitConfig": "diffsim.fit",
 }
-_SUBPACKAGES = ("isa", "mca", "data", "params", "sim", "fit")
+_SUBPACKAGES = ("isa", "mca", "data", "params", "sim", "fit", "perfvec", "search", "measure",
+                "calibrate")
 
 __all__ = [
   "Block",
