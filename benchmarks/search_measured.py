@@ -1,7 +1,7 @@
 """Search on the CPU at hand: evaluations to within 2% of the best measured configuration.
 
 Every valid configuration of each task is measured on this machine with `diffsim
-measure`'s harness (`diffsim.measure.search.measure_space`), twice, one run after
+measure`'s harness (`diffsim.search.measured.measure_space`), twice, one run after
 the other; a configuration's cost is the mean of its two runs, and their disagreement is
 printed (the noise every method searches through). Then each method searches with those
 measured costs until it evaluates a configuration within 2% of the measured optimum:
@@ -63,7 +63,7 @@ def main() -> None:
 
   from diffsim.measure.config import MeasureConfig
   from diffsim.measure.cpu import cpu_identity, describe_cpu
-  from diffsim.measure.search import MeasuredSpace, measure_space, table_for_cpu
+  from diffsim.search.measured import MeasuredSpace, measure_space, table_for_cpu
   from diffsim.params.table import load_table
   from diffsim.search.blueprint import blueprint, supported_isas
   from diffsim.search.cpus import training_set

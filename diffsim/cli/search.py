@@ -2,7 +2,7 @@
 
 Searches the task's configurations with the simulator as the cost function and prints
 the best configuration, its assembly and its cost. With `--measure` it times each
-candidate on this machine's CPU instead (`diffsim.measure.search`: the `diffsim
+candidate on this machine's CPU instead (`diffsim.search.measured`: the `diffsim
 measure` harness, its canaries, passes and rejections), the table (`--target`, by
 default the shipped one closest to this CPU) giving only the blueprint; it prints the
 configuration's measured cycles, its speedup over the untuned default, its distance to
@@ -109,7 +109,7 @@ def _objective(args: argparse.Namespace, task):
   if args.measure:
     from diffsim.measure.build import MeasureError, check_platform, runner_path
     from diffsim.measure.cpu import cpu_identity, describe_cpu
-    from diffsim.measure.search import MeasuredObjective, table_for_cpu
+    from diffsim.search.measured import MeasuredObjective, table_for_cpu
 
     try:
       check_platform()
@@ -120,9 +120,9 @@ def _objective(args: argparse.Namespace, task):
     cpu = describe_cpu(ident)
     if target is None:
       target = table_for_cpu(ident)
-      say(f"blueprint and roofline from the shipped table {target}, the closest to {cpu}, "
-          "which may be far from it: `diffsim calibrate --out DIR` learns this CPU's table "
-          "(30 minutes), then give --params DIR/params.json")
+      say(f"blueprint and roofline from the shipped table {target}, the closest to {cpu}; "
+          "`diffsim calibrate --out DIR` learns this CPU's own (30 minutes), then give "
+          "--params DIR/params.json")
   elif target is None:
     raise CliError("--target is needed (a shipped table or a JSON file), unless --measure")
   elif args.exhaustive:
@@ -245,7 +245,7 @@ def _search(args, task, table, objective, cpu, training, on_step, bar) -> int:
 
 def _measured_report(args: argparse.Namespace, task, objective, best: int, cost: float) -> None:
   """The default's measured cost and the speedup; the distance to the exhaustive best."""
-  from diffsim.measure.search import cached_space, measure_space
+  from diffsim.search.measured import cached_space, measure_space
 
   d = task.configs.index(task.default)
   seen = dict(objective.history)

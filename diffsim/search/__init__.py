@@ -8,6 +8,8 @@
 - `glimpse`: blueprint and roofline priors, meta-trained neural acquisition, validity
   ensemble; the meta-trained models ship in `pretrained/`.
 - `baselines`: random search, AutoTVM-style (gradient boosting + annealing), plain BO.
+- `measured`: costs timed on the CPU at hand instead (`diffsim.measure`'s harness),
+  exhaustive measured runs, and the shipped table closest to that CPU.
 - `diffsim search TASK --target CPU --budget N` (`diffsim.cli.search`) runs them.
 """
 

@@ -36,26 +36,39 @@ from pathlib import Path
 
 import numpy as np
 
+from diffsim.measure.config import MeasureConfig
+from diffsim.measure.cpu import cpu_identity, same_model
+from diffsim.measure.harness import measure_hexes
 from diffsim.search.codegen import lower_many
 from diffsim.search.evaluate import Costs, Logged, cache_dir
 from diffsim.search.space import Task
 
 # Shipped tables fitted to measurements of a CPU family (vendor, family) -> table. Cloud
 # VMs often mask the model number (a Xeon 6 here reports model 167), so the family is
-# what can be trusted; anything else falls back to the vendor's llvm-mca model.
+# what can be trusted; anything else falls back to the vendor's llvm-mca model. A model
+# number that names a core with a shipped table of its own comes first: Zen 4 (family
+# 25, models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf; the rest of family 25 is Zen 3) has the
+# table `diffsim calibrate` fitted on one, and Ice Lake (client 125/126, server
+# 106/108) llvm-mca's icelake-client, nearer to it than the Granite Rapids fit.
+_MODELS = {**{("AuthenticAMD", 25, m): "zen4"
+              for m in (*range(0x10, 0x20), *range(0x60, 0x80), *range(0xA0, 0xB0))},
+           **{("GenuineIntel", 6, m): "icelake-client" for m in (106, 108, 125, 126)}}
 _FITTED = {("GenuineIntel", 6): "graniterapids", ("AuthenticAMD", 26): "zen5",
            ("AuthenticAMD", 25): "znver3"}
 _VENDOR = {"GenuineIntel": "skylake", "AuthenticAMD": "znver3"}
 
 
 def table_for_cpu(identity: dict) -> str:
-  """The shipped table closest to the CPU `identity` (`diffsim.measure.cpu_identity`).
+  """The shipped table closest to the CPU `identity` (`diffsim.measure.cpu_identity`):
+  by model where one has its own table, else by family, else the vendor's llvm-mca
+  model, and skylake for an unknown vendor.
 
   >>> table_for_cpu({"vendor": "GenuineIntel", "family": 6, "model": 173})
   'graniterapids'
   """
-  key = (identity.get("vendor"), identity.get("family"))
-  return _FITTED.get(key) or _VENDOR.get(identity.get("vendor"), "skylake")
+  vendor, family = identity.get("vendor"), identity.get("family")
+  return (_MODELS.get((vendor, family, identity.get("model")))
+          or _FITTED.get((vendor, family)) or _VENDOR.get(vendor, "skylake"))
 
 
 def cpu_key(identity: dict) -> str:
@@ -82,8 +95,6 @@ class MeasuredObjective(Logged):
   """
 
   def __init__(self, task: Task, *, isas: Sequence[str], config=None):
-    from diffsim.measure.config import MeasureConfig
-
     self.task, self.isas = task, tuple(isas)
     self.config = MeasureConfig.quick() if config is None else config
     self.history: list[tuple[int, float]] = []
@@ -120,8 +131,6 @@ class MeasuredObjective(Logged):
 
 def _measure(task: Task, ids: Sequence[int], config) -> tuple[np.ndarray, list, dict]:
   """Costs [n] (nan: rejected), reasons, and {index: cycles per 100} plus "seconds"."""
-  from diffsim.measure.harness import measure_hexes
-
   blocks = lower_many(task, [task.configs[i] for i in ids])
   t0 = time.perf_counter()
   results, _ = measure_hexes([b.hex for b in blocks], config)
@@ -170,14 +179,10 @@ def measure_space(task: Task, *, isas: Sequence[str], config=None, cache: bool =
     cache: reuse a cached run of this CPU model and task with the same ISAs.
     path: where the run is cached (default: `cached_space`'s file).
   """
-  from diffsim.measure.cpu import cpu_identity
-
   ident = cpu_identity()
   path = path or _space_path(task, ident)
   if cache and path.exists():
     hit = MeasuredSpace.from_json(json.loads(path.read_text()))
-    from diffsim.measure.cpu import same_model
-
     if (tuple(hit.isas) == tuple(isas) and len(hit.costs.cost) == task.size
         and same_model(hit.cpu, ident)):
       return hit
@@ -198,8 +203,6 @@ def measure_space(task: Task, *, isas: Sequence[str], config=None, cache: bool =
 def cached_space(task: Task, identity: dict | None = None) -> MeasuredSpace | None:
   """The cached exhaustive measured run of `task` on this CPU model, if there is one."""
   if identity is None:
-    from diffsim.measure.cpu import cpu_identity
-
     identity = cpu_identity()
   path = _space_path(task, identity)
   if not path.exists():
