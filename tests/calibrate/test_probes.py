@@ -54,9 +54,17 @@ def _simulate(doc: dict) -> dict[str, float | None]:
   return {p.name: None if c is None else c / 100 for p, (c, _) in zip(ps, res)}
 
 
+class _Simulated(dict):
+  """Each table's probe cycles, simulated on first use (a compile each)."""
+
+  def __missing__(self, cpu: str) -> dict:
+    self[cpu] = _simulate(load_json(cpu))
+    return self[cpu]
+
+
 @pytest.fixture(scope="module")
 def simulated() -> dict[str, dict]:
-  return {cpu: _simulate(load_json(cpu)) for cpu in ("znver3", "skylake", "graniterapids")}
+  return _Simulated()
 
 
 def _values(vs) -> dict:
@@ -91,6 +99,7 @@ def test_verdicts_recover_znver3(simulated):
   assert "fma_units@zmm" not in v  # llvm-mca's tables hold no AVX-512 keys
 
 
+@pytest.mark.slow
 def test_verdicts_recover_skylake(simulated):
   v = _values(P.verdicts(simulated["skylake"]))
   assert v["dispatch_width"] == 6
@@ -100,6 +109,7 @@ def test_verdicts_recover_skylake(simulated):
   assert v["move_elimination"] is False and v["stack_engine"] is False
 
 
+@pytest.mark.slow
 def test_verdicts_recover_graniterapids(simulated):
   """The starts' Xeon 6 facts: 5 ALUs, the L1 rules, memory renaming by address."""
   v = _values(P.verdicts(simulated["graniterapids"]))
@@ -134,7 +144,9 @@ def _round_trip(measured: dict, base: str) -> tuple[dict, list[str], dict]:
   return doc, log, _simulate(doc)
 
 
-@pytest.mark.parametrize("source,base", [("zen4", "skylake"), ("graniterapids", "znver3")])
+@pytest.mark.parametrize("source,base", [
+    ("zen4", "skylake"),
+    pytest.param("graniterapids", "znver3", marks=pytest.mark.slow)])
 def test_apply_round_trip(simulated, source, base):
   """The probes on the applied table give back what the verdicts came from, across
   resource names (Zen 4 into Skylake's ports; the Xeon 6 facts into Zen 3's pipes)."""

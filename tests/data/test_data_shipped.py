@@ -18,7 +18,14 @@ def test_shipped_files_load():
   assert list(mca.extra) == ["haswell_200", "skylake_100", "skylake_200", "znver3_100",
                              "znver3_200"]
   assert set(SHIPPED) == {"zen5-small.csv", "mca-small.csv", "graniterapids-anchors.csv",
-                          "search-measured-xeon6.json"}
+                          "search-measured-xeon6.json", "corpus-sample.csv",
+                          "calibrate-zen4.json", "zen4-calibrate-measured.csv"}
+  corpus = load_csv(shipped("corpus-sample.csv"))  # what calibrate measures: hex only
+  assert len(corpus) == 6000 and corpus.errors == () and list(corpus.extra) == ["apps"]
+  zen4 = load_csv(shipped("zen4-calibrate-measured.csv"), dedupe=False)
+  kinds = np.asarray(zen4.extra["kind"])
+  assert set(kinds) == {"probe", "anchor", "block"} and (kinds == "block").sum() == 3000
+  assert np.isfinite(zen4.y).mean() > 0.95
 
 
 def test_shipped_anchors_are_single_instructions_measured_or_rejected_with_a_reason():
@@ -36,7 +43,8 @@ def test_shipped_anchors_are_single_instructions_measured_or_rejected_with_a_rea
 
 def test_shipped_folder_is_small_and_licensed():
   folder = shipped("zen5-small.csv").parent
-  assert sum(p.stat().st_size for p in folder.iterdir()) < 1.5e6
+  # The corpus sample (0.7 MB) and a calibration's measurements (0.4 MB) are most of it.
+  assert sum(p.stat().st_size for p in folder.iterdir()) < 2.0e6
   assert "MIT" in shipped("BHIVE-LICENSE.txt").read_text()
   with pytest.raises(FileNotFoundError, match="zen5-small.csv"):
     shipped("nope.csv")
