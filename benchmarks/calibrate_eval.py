@@ -80,8 +80,7 @@ def main() -> None:
                   help="keep blocks whose two runs agree within this (default 3%%)")
   args = ap.parse_args()
 
-  from diffsim.calibrate.report import _mca
-  from diffsim.calibrate.run import _predict
+  from diffsim.cli import mca_predict, sim_predict
   from diffsim.fit.trees import OpcodeTrees
   from diffsim.params.table import load_table
 
@@ -111,12 +110,22 @@ def main() -> None:
   tr = np.flatnonzero((part == 0) & np.isfinite(cal.y))
   tr_blocks = decode_blocks([cal.hex[i] for i in tr])
   vendor = cpu.get("vendor")
-  preds = {"calibrated table": _predict(load_table(args.params), blocks)}
+
+  def cycles(pairs) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v, _ in pairs])
+
+  def simulated(table, bl):
+    return cycles(sim_predict(table, bl, 100, "steady", False))
+
+  def mca(bl, mcpu):
+    return cycles(mca_predict(bl, mcpu, 100, "steady", False))
+
+  preds = {"calibrated table": simulated(load_table(args.params), blocks)}
   if vendor in NEAREST_SHIPPED:
-    preds[f"shipped {NEAREST_SHIPPED[vendor]}"] = _predict(load_table(NEAREST_SHIPPED[vendor]),
+    preds[f"shipped {NEAREST_SHIPPED[vendor]}"] = simulated(load_table(NEAREST_SHIPPED[vendor]),
                                                            blocks)
   if vendor in CLOSEST_MCA:
-    preds[f"llvm-mca -mcpu={CLOSEST_MCA[vendor]}"] = _mca(blocks, CLOSEST_MCA[vendor])
+    preds[f"llvm-mca -mcpu={CLOSEST_MCA[vendor]}"] = mca(blocks, CLOSEST_MCA[vendor])
   preds["trivial bound"] = trivial(blocks)
   preds["trees on opcode counts (calibrate's training blocks)"] = \
       OpcodeTrees().fit(tr_blocks, cal.y[tr]).predict(blocks)

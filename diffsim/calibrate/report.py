@@ -19,7 +19,7 @@ def held_out(c) -> list[dict]:
   from diffsim.fit.trees import OpcodeTrees
   from diffsim.params.table import load_table
 
-  train, _, test, _ = c.rows()
+  train, _, test, _ = c.rows
   vendor = c.cpu.get("vendor")
   runs = {"calibrated (params.json)": lambda b: _predict(load_table(str(c.out / "params.json")), b),
           "start (base with the probed structure)":

@@ -18,6 +18,7 @@ The stages (`diffsim.calibrate.stages` lists the files each leaves):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from pathlib import Path
@@ -157,14 +158,13 @@ class Calibration:
 
   # ---- fitting stages -----------------------------------------------------------------
 
+  @functools.cached_property
   def rows(self):
     """(train, val, test, anchors) as `Rows`, weighted by their measurements."""
     from diffsim.data.split import split_ids
     from diffsim.fit.recipe import Rows
     from diffsim.isa import decode_blocks
 
-    if hasattr(self, "_rows"):
-      return self._rows
     blocks = read_rows(self.out / "blocks.csv")
     anchors = read_rows(self.out / "anchors.csv")
     decoded = decode_blocks([r["hex"] for r in blocks + anchors])
@@ -179,8 +179,7 @@ class Calibration:
     test = Rows.of([decoded[i] for i in np.flatnonzero(part == 2)],
                    y[np.flatnonzero(part == 2)])
     anchor_rows = take(np.arange(nb, len(decoded)))
-    self._rows = (train, val, test, anchor_rows)
-    return self._rows
+    return train, val, test, anchor_rows
 
   def start_table(self, name: str) -> tuple[dict, list[str]]:
     vs = [probing.Verdict(**v) for v in json.loads((self.out / "structure.json").read_text())]
@@ -191,15 +190,15 @@ class Calibration:
   def base(self) -> dict:
     from diffsim.params.table import from_json
 
-    train, _, _, anchors = self.rows()
+    train, _, _, anchors = self.rows
     rng = np.random.default_rng(self.config.seed)
     ids = np.sort(rng.choice(len(train), min(BASE_SAMPLE, len(train)), replace=False))
     blocks = [train.blocks[i] for i in ids] + anchors.blocks
     y = np.concatenate([train.y[ids], anchors.y])
     w = np.concatenate([train.weights[ids], anchors.weights * self.config.anchor_weight])
-    scores = {}
+    scores, docs = {}, {}
     for name in self.config.bases or candidate_bases(self.cpu):
-      doc, changes = self.start_table(name)
+      doc, changes = docs[name] = self.start_table(name)
       t0 = time.time()
       pred = _predict(from_json(doc), blocks)
       scores[name] = dict(weighted_mape=_weighted_error(pred, y, w),
@@ -212,8 +211,7 @@ class Calibration:
                f"(blocks {100 * scores[name]['blocks_mape']:.1f}%, anchors "
                f"{100 * scores[name]['anchors_mape']:.1f}%)")
     best = min(scores, key=lambda k: scores[k]["weighted_mape"])
-    doc, _ = self.start_table(best)
-    write_atomic(self.out / "start.json", json.dumps(doc) + "\n")
+    write_atomic(self.out / "start.json", json.dumps(docs[best][0]) + "\n")
     write_atomic(self.out / "base.json", json.dumps(dict(chosen=best, candidates=scores),
                                                     indent=1, default=float))
     return dict(chosen=best, summary=f"{best} with the probed structure "
@@ -224,7 +222,7 @@ class Calibration:
     from diffsim.params.export import to_json
     from diffsim.params.table import from_json, write_json
 
-    train, val, _, anchors = self.rows()
+    train, val, _, anchors = self.rows
     start = from_json(json.loads((self.out / "start.json").read_text()))
     deadline = self.deadline - 60 * self.config.report_minutes
     refined = fit_measured(start, train, anchors=anchors,

@@ -98,9 +98,8 @@ class Manifest:
             f"{_cpu_name(cpu)}): choose another --out")
       self.doc["stages"] = old.get("stages", {})
       self.doc["started"] = old.get("started")
-    self.doc.setdefault("started", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    if self.doc["started"] is None:
-      self.doc["started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    self.doc["started"] = self.doc.get("started") or time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                    time.gmtime())
 
   def done(self, stage: str) -> dict | None:
     return self.doc["stages"].get(stage)
