@@ -49,13 +49,11 @@ def held_out(c) -> list[dict]:
 
 
 def _mca(blocks, mcpu: str) -> np.ndarray:
-  """llvm-mca 14's steady-state cycles per 100 iterations (BHive's definition)."""
-  from diffsim.mca import run_mca, steady
+  """llvm-mca 14's steady-state cycles per 100 iterations (NaN where it has none)."""
+  from diffsim.mca import per_100
 
-  texts = [b.text for b in blocks]
-  short, long = (run_mca(texts, mcpu, iterations=n) for n in (100, 200))
-  return np.array([np.nan if a.cycles is None or b.cycles is None
-                   else float(steady(b.cycles, a.cycles, 100)) for a, b in zip(short, long)])
+  return np.array([np.nan if v is None else v for v, _ in
+                   per_100([b.text for b in blocks], mcpu, throughput="steady")])
 
 
 def write_report(c, rows: list[dict]) -> None:

@@ -13,27 +13,19 @@ from diffsim.cli.common import CliError, decode_hexes, enable_compile_cache, hex
 def mca_predict(blocks: Sequence, mcpu: str, iterations: int, throughput: str,
                 progress: bool) -> list[tuple[float | None, str | None]]:
   """llvm-mca 14's prediction for each decoded block (errors passed through)."""
-  from diffsim.mca import McaError, run_mca, steady
+  from diffsim.mca import McaError, per_100
 
   need_llvm("llvm-mca")
   out: list[tuple[float | None, str | None]] = [
     (None, f"decode: {b}") if isinstance(b, Exception) else (None, None) for b in blocks]
   good = [i for i, b in enumerate(blocks) if not isinstance(b, Exception)]
-  texts = [blocks[i].text for i in good]
   try:
-    runs = [run_mca(texts, mcpu, iterations=n, progress=progress)
-            for n in ((iterations,) if throughput == "total" else (iterations, 2 * iterations))]
+    results = per_100([blocks[i].text for i in good], mcpu, iterations=iterations,
+                      throughput=throughput, progress=progress)
   except McaError as e:
     raise CliError(f"llvm-mca -mcpu={mcpu}: {e}") from None
-  for k, i in enumerate(good):
-    res = [r[k] for r in runs]
-    bad = next((r.error for r in res if r.cycles is None), None)
-    if bad is not None:
-      out[i] = (None, bad)
-    elif throughput == "total":
-      out[i] = (res[0].cycles * 100.0 / iterations, None)
-    else:
-      out[i] = (float(steady(res[1].cycles, res[0].cycles, iterations)), None)
+  for i, result in zip(good, results):
+    out[i] = result
   return out
 
 

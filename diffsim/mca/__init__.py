@@ -6,6 +6,7 @@ JAX simulator is checked and fitted against.
 """
 
 from diffsim.mca.bridge import McaResult as McaResult
+from diffsim.mca.bridge import per_100 as per_100
 from diffsim.mca.bridge import run_mca as run_mca
 from diffsim.mca.bridge import steady as steady
 from diffsim.mca.cpus import mca_cpu_groups as mca_cpu_groups
@@ -24,6 +25,7 @@ __all__ = [
   "disassemble",
   "mca_cpu_groups",
   "mca_cpus",
+  "per_100",
   "run_mca",
   "steady",
   "timeline",

@@ -89,6 +89,27 @@ def steady(c2n, cn, n):
   return 100.0 * (c2n - cn) / n
 
 
+def per_100(texts: Sequence[str], mcpu: str, *, iterations: int = 100,
+            throughput: str = "total", progress: bool = False
+            ) -> list[tuple[float | None, str | None]]:
+  """llvm-mca's cycles per 100 iterations of each text, or why it has none: Total Cycles
+  of `iterations` scaled to 100 (`throughput="total"`), or the steady state of N and 2N
+  iterations (`"steady"`, `steady`). The one place where commands, calibration and
+  benchmarks turn llvm-mca runs into throughputs."""
+  counts = (iterations,) if throughput == "total" else (iterations, 2 * iterations)
+  runs = [run_mca(texts, mcpu, iterations=n, progress=progress) for n in counts]
+  out: list[tuple[float | None, str | None]] = []
+  for res in zip(*runs):
+    bad = next((r.error for r in res if r.cycles is None), None)
+    if bad is not None:
+      out.append((None, bad))
+    elif throughput == "total":
+      out.append((res[0].cycles * 100.0 / iterations, None))
+    else:
+      out.append((float(steady(res[1].cycles, res[0].cycles, iterations)), None))
+  return out
+
+
 def _strip(text: str) -> list[str]:
   """The block's lines without comments and blank lines.
 

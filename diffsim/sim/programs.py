@@ -42,8 +42,17 @@ from jax.experimental import serialize_executable
 COMPILER_OPTIONS = {"xla_disable_hlo_passes": "tree_reduction_rewriter"}
 
 _dir: Path | None = None
-# Programs by (key, directory); a prefetched one is a Future until `call` needs it.
-_loaded: dict[tuple[str, Path | None], Callable | concurrent.futures.Future] = {}
+# Programs by (key, directory), least recently called first; a prefetched one is a
+# Future until `call` needs it.
+_loaded: collections.OrderedDict[tuple[str, Path | None], Callable | concurrent.futures.Future] \
+    = collections.OrderedDict()
+# Programs a process holds at most. Each holds about 1,100 memory mappings (its
+# kernels' code), which `jax.clear_caches` does not release, and Linux stops a process
+# at 65,530 (vm.max_map_count): a long fit that ran every shape it met died in its
+# report. The least recently called program goes first; called again, it is loaded
+# from the kept directory (0.6 s) or compiled anew (`benchmarks/RESULTS.md`,
+# Simulator speed).
+MAX_HELD = 32
 _loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="diffsim-programs")
 
 
@@ -65,6 +74,9 @@ def call(fn, args: tuple, static: dict):
     run = _loaded[key, _dir] = (
         _compile(fn, tree, leaves, static) if _dir is None
         else _load_or_compile(fn, tree, leaves, static, _dir / f"{key}.xla"))
+  _loaded.move_to_end((key, _dir))
+  while len(_loaded) > MAX_HELD:
+    _loaded.popitem(last=False)
   LAUNCHES[getattr(fn, "__qualname__", repr(fn))] += 1
   _last[getattr(fn, "__qualname__", repr(fn))] = run
   return run(*leaves)
@@ -78,7 +90,8 @@ _last: dict[str, Callable] = {}
 
 def held() -> int:
   """Compiled programs this process holds (loaded or compiled): a count that stays put
-  once every shape has run (`benchmarks/gpu.py`'s compile-once check)."""
+  once every shape has run (`benchmarks/gpu.py`'s compile-once check), and never
+  exceeds `MAX_HELD`."""
   return len(_loaded)
 
 

@@ -112,3 +112,39 @@ def test_the_key_covers_shapes_static_arguments_and_code():
   assert len({key(batch8), key(batch16), key(batch8, window=256),
               key(batch8, layout=other.layout)}) == 4
   assert len(programs.source_digest()) == 32
+
+
+def _scaled(x, *, k):
+  return x * k
+
+
+def _maps() -> int:
+  with open("/proc/self/maps") as f:
+    return sum(1 for _ in f)
+
+
+def test_a_process_holds_at_most_max_held_programs_and_releases_their_mappings(
+    kept, monkeypatch):
+  """Each compiled program holds hundreds of memory mappings and Linux caps them, so
+  the least recently called program is dropped past MAX_HELD (and its mappings with
+  it); called again, it gives the same result."""
+  import gc
+
+  import jax
+
+  programs.keep_programs(None)
+  monkeypatch.setattr(programs, "MAX_HELD", 2)
+  fn = jax.jit(_scaled, static_argnames="k")
+  x = np.arange(4.0, dtype=np.float32)
+  for k in (1, 2, 3):
+    np.testing.assert_array_equal(programs.call(fn, (x,), dict(k=k)), x * k)
+    assert programs.held() <= 2
+  assert [key for key in programs._loaded] == [
+      (programs._keyed(fn, (x,), dict(k=k))[0], None) for k in (2, 3)]
+  gc.collect()
+  before = _maps()
+  programs.call(fn, (x,), dict(k=1))  # compiled again, k=2 dropped
+  np.testing.assert_array_equal(programs.call(fn, (x,), dict(k=1)), x)
+  assert programs.held() == 2
+  gc.collect()
+  assert _maps() <= before + 50  # one program in, one out: the count does not grow
