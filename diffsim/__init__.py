@@ -20,8 +20,9 @@ True
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from diffsim.lazy import exports
 
 __version__ = "0.1.0"
 
@@ -129,15 +130,4 @@ if TYPE_CHECKING:  # static analysers see plain re-exports
   from diffsim.fit import fit as fit
 
 
-def __getattr__(name: str) -> Any:
-  if name in _EXPORTS:
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # later lookups skip this hook
-    return value
-  if name in _SUBPACKAGES:
-    return importlib.import_module(f"diffsim.{name}")
-  raise AttributeError(f"module 'diffsim' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-  return sorted(set(globals()) | set(__all__) | set(_SUBPACKAGES))
+__getattr__, __dir__ = exports(__name__, _EXPORTS, _SUBPACKAGES)

@@ -24,6 +24,7 @@ import diffsim
 # `python -m diffsim` on top. Nothing imports `cli` but those two.
 RANK = {
     "diffsim.llvmtools": 0,
+    "diffsim.lazy": 0,
     "diffsim.isa": 1,
     "diffsim.mca": 2,
     "diffsim.data": 2,

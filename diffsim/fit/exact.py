@@ -182,11 +182,11 @@ def _table(table: Table, p: dict[str, np.ndarray]) -> Table:
 
 
 def _shape(e) -> tuple[int, int, int]:
-  from diffsim.isa.encode import DEP_BUCKETS, _bucket, bucket_length
+  from diffsim.isa.encode import DEP_BUCKETS, bucket_of, bucket_length
 
   L = bucket_length(e.length)
-  D = _bucket(max(e.max_deps, 1), DEP_BUCKETS + (128, 256))
-  C = max(min(L, 32), _bucket(max(e.max_uses, 1), DEP_BUCKETS + (128, 256)))
+  D = bucket_of(max(e.max_deps, 1), DEP_BUCKETS + (128, 256))
+  C = max(min(L, 32), bucket_of(max(e.max_uses, 1), DEP_BUCKETS + (128, 256)))
   return L, D, C
 
 

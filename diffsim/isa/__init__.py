@@ -6,6 +6,8 @@ the IR or the dataflow vocabulary (`roles`) stay light to import.
 
 from diffsim.isa.ir import FLAGS, FPCW, FPSW, Block, DecodeError, Instr, Mem, Read, Write
 
+from diffsim.lazy import exports
+
 # Public names that load their module on first use, and that module.
 _LAZY = {
     "REASONS": "decode", "clear_cache": "decode", "decode_block": "decode",
@@ -17,9 +19,4 @@ __all__ = ["FLAGS", "FPCW", "FPSW", "Block", "DecodeError", "Instr", "Mem", "Rea
            *sorted(_LAZY)]
 
 
-def __getattr__(name: str):
-  if name in _LAZY:
-    import importlib
-
-    return getattr(importlib.import_module(f"diffsim.isa.{_LAZY[name]}"), name)
-  raise AttributeError(f"module 'diffsim.isa' has no attribute {name!r}")
+__getattr__, __dir__ = exports(__name__, {k: f"diffsim.isa.{m}" for k, m in _LAZY.items()})

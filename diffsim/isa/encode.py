@@ -10,7 +10,7 @@ has at most D in, and each producer at most C out (its consumers, the same edges
 from the other end, which the simulator uses to wake readers up).
 
 CPUs with register files (`Renaming`, Zen 3) rename registers the way llvm-mca's
-RegisterFile does, which changes the edges (`rename_dependencies`): an 8/16-bit GPR
+RegisterFile does, which changes the edges (`_rename_history`): an 8/16-bit GPR
 write replaces the whole register's mapping and waits for the previous writer instead
 (a write-after-write edge), and an eliminated register move creates an alias, so that
 readers of its destination link to the current writer of its source.
@@ -423,20 +423,6 @@ def _family(slot: tuple[str, int]) -> tuple:
   return tuple((slot[0], lv) for lv in range(slot[1], -1, -1))
 
 
-def rename_dependencies(block: Block, renaming: Renaming, movable: Sequence[bool] | None = None):
-  """Dependencies as llvm-mca's register files make them (see `_rename_history`).
-
-  The edges are those of the steady state. The first iteration(s) may differ where an
-  alias reaches back into the previous iteration (llvm-mca's first iteration has no
-  aliases yet); `encode` keeps those as edges with an iteration range.
-
-  Returns:
-    (deps, alloc, eliminated) as `_rename_history` describes.
-  """
-  history, alloc, elim = _rename_history(block, renaming, movable)
-  return history[-1], alloc, elim
-
-
 def _ranged_edges(history) -> list[list[tuple]]:
   """Per instruction, every edge of any iteration with the iterations it holds in.
 
@@ -529,7 +515,8 @@ def key_lookup(keys: Mapping[str, int]) -> Callable:
   return lookup
 
 
-def _bucket(n: int, buckets: Sequence[int]) -> int:
+def bucket_of(n: int, buckets: Sequence[int]) -> int:
+  """The smallest of the ascending `buckets` that holds n (ValueError past the last)."""
   for b in buckets:
     if n <= b:
       return b
@@ -538,7 +525,7 @@ def _bucket(n: int, buckets: Sequence[int]) -> int:
 
 def bucket_length(n: int) -> int:
   """The padded length for a block of n instructions (ValueError past the largest)."""
-  return _bucket(n, BUCKETS)
+  return bucket_of(n, BUCKETS)
 
 
 def _scatter(rows: list[tuple], shape: tuple[int, ...], fields: dict, present: str | None = None):
@@ -710,9 +697,9 @@ def assemble(encodings: Sequence[Encoding], *, length: int | None = None,
   # the most deps: 4 for all but 2 of 11,959 distinct BHive encodings, and every dep slot
   # costs the cycle loop work (D = 8 took 1.13 s against 1.00 s for 4,096 short blocks:
   # `benchmarks/RESULTS.md`, Simulator speed).
-  D = max_deps or _bucket(max((e.max_deps for e in encodings), default=1),
+  D = max_deps or bucket_of(max((e.max_deps for e in encodings), default=1),
                           DEP_BUCKETS + (128, 256))
-  C = max_uses or max(min(L, 32), _bucket(max((e.max_uses for e in encodings), default=1),
+  C = max_uses or max(min(L, 32), bucket_of(max((e.max_uses for e in encodings), default=1),
                                           DEP_BUCKETS + (128, 256)))
   # Rows of (indices..., values...) gathered in Python, written into the arrays at once.
   instr_rows, write_rows, dep_rows, use_rows = [], [], [], []

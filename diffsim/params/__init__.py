@@ -5,9 +5,6 @@ needs iced-x86 and the LLVM tools) loads on first use.
 """
 
 
-def __getattr__(name: str):
-  if name == "build_table":
-    from diffsim.params.extract import build_table
+from diffsim.lazy import exports
 
-    return build_table
-  raise AttributeError(f"module 'diffsim.params' has no attribute {name!r}")
+__getattr__, __dir__ = exports(__name__, {"build_table": "diffsim.params.extract"})

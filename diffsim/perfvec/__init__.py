@@ -14,8 +14,7 @@ on first use, so that `diffsim --help` does not import JAX for this subcommand.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from diffsim.lazy import exports
 
 _EXPORTS = {
   "Adapted": "diffsim.perfvec.adapt",
@@ -35,7 +34,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-  if name in _EXPORTS:
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-  raise AttributeError(f"module 'diffsim.perfvec' has no attribute {name!r}")
+__getattr__, __dir__ = exports(__name__, _EXPORTS)

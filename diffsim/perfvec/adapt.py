@@ -35,7 +35,7 @@ import optax
 from diffsim.data import metrics
 from diffsim.isa.ir import Block
 from diffsim.perfvec.features import SEQ_BUCKETS, encode_sequences
-from diffsim.perfvec.learn import (_model, _pad_to, _program_vectors, _sequences, descend,
+from diffsim.perfvec.learn import (network, pad_to, program_vectors, sequences, descend,
                                    lstm_optimizer, with_params)
 from diffsim.perfvec.model import PerfVec
 from diffsim.perfvec.reuse import Trained, _robust_error, fit_uarch
@@ -124,7 +124,7 @@ def check_rows(n_rows: int, ok: np.ndarray, reasons: dict, minimum: int = MIN_RO
 def _sums(variables, seq, cfg):
   """[B, dim] the last LSTM layer's outputs summed over the counted steps, [B] counts."""
   last = f"lstm{cfg.layers - 1}"
-  _, state = _model(cfg).apply(
+  _, state = network(cfg).apply(
       variables, seq, method=PerfVec.embed,
       capture_intermediates=lambda m, name: m.name == last and name == "__call__")
   x = state["intermediates"]["program"][last]["__call__"][0]
@@ -137,8 +137,8 @@ def lstm_sums(trained: Trained, blocks: Sequence[Block],
   """(S [N, dim], n [N]) for `programs`: the program vector is S @ W + n * b."""
   dim = trained.cfg.dim
   S, n = np.zeros((len(blocks), dim), np.float32), np.zeros(len(blocks), np.float32)
-  for length, ids in _sequences(blocks, np.arange(len(blocks)), batch_size, None):
-    padded, real = _pad_to(ids, batch_size)
+  for length, ids in sequences(blocks, np.arange(len(blocks)), batch_size, None):
+    padded, real = pad_to(ids, batch_size)
     s, c = _sums(trained.variables, encode_sequences([blocks[i] for i in padded], length),
                  trained.cfg)
     S[ids], n[ids] = np.asarray(s)[real], np.asarray(c)[real]
@@ -153,7 +153,7 @@ def _last_layer(trained: Trained) -> tuple[np.ndarray, np.ndarray]:
 def programs(trained: Trained, blocks: Sequence[Block], adapted: Adapted | None = None):
   """[N, dim] program vectors, under the adapted encoder or last layer when fine-tuned."""
   if adapted is not None and adapted.encoder is not None:
-    return _program_vectors(with_params(trained.variables, program=adapted.encoder),
+    return program_vectors(with_params(trained.variables, program=adapted.encoder),
                             trained.cfg, blocks)
   if adapted is None or adapted.kernel is None:
     return trained.embed(blocks)
@@ -198,7 +198,7 @@ def _retrain_step(cfg, opt):
   @jax.jit
   def step(x, opt_state, variables, seq, t, real):
     def loss(x):
-      P = _model(cfg).apply(with_params(variables, program=x["program"]), seq,
+      P = network(cfg).apply(with_params(variables, program=x["program"]), seq,
                             method=PerfVec.embed)
       err = _robust_error(P, t, x["uarch"])
       return jnp.sum(jnp.where(real, err, 0.0)) / jnp.maximum(jnp.sum(real), 1)
@@ -228,7 +228,7 @@ def retrain(trained: Trained, blocks: Sequence[Block], y: np.ndarray, u0: np.nda
   order = np.random.default_rng(seed).permutation(K)
   keep, fit_ids = order[:max(1, K // 10)], order[max(1, K // 10):]
   cfg = trained.cfg
-  n_batches = len(_sequences(blocks, fit_ids, batch_size, 0))
+  n_batches = len(sequences(blocks, fit_ids, batch_size, 0))
   opt = lstm_optimizer(lr, n_batches, epochs)
   x = dict(program=trained.variables["params"]["program"], uarch=jnp.asarray(u0))
   opt_state = opt.init(x)
@@ -236,7 +236,7 @@ def retrain(trained: Trained, blocks: Sequence[Block], y: np.ndarray, u0: np.nda
   kept_blocks = [blocks[i] for i in keep]
 
   def score(x):
-    P = _program_vectors(with_params(trained.variables, program=x["program"]), cfg,
+    P = program_vectors(with_params(trained.variables, program=x["program"]), cfg,
                          kept_blocks)
     pred = trained.predict(P, np.asarray(x["uarch"]))
     return metrics.mape(pred, y[keep]), metrics.kendall_tau(pred, y[keep])
@@ -255,9 +255,9 @@ def retrain(trained: Trained, blocks: Sequence[Block], y: np.ndarray, u0: np.nda
   for epoch in range(int(state["epoch"]), epochs):
     if int(state["bad"]) >= patience:
       break
-    batches = _sequences(blocks, fit_ids, batch_size, seed * 1000 + epoch)
+    batches = sequences(blocks, fit_ids, batch_size, seed * 1000 + epoch)
     for S, ids in _bar(batches, f"epoch {epoch + 1}/{epochs}", progress):
-      padded, real = _pad_to(ids, batch_size)
+      padded, real = pad_to(ids, batch_size)
       seq = encode_sequences([blocks[i] for i in padded], S)
       x, opt_state, _ = step(x, opt_state, trained.variables, seq, t_all[padded], real)
     mape, tau = score(x)

@@ -18,7 +18,7 @@ import numpy as np
 
 from diffsim.params.sample import sample_params, table_at
 from diffsim.params.table import Params, Table, load_table
-from diffsim.perfvec.learn import _uarch_vectors
+from diffsim.perfvec.learn import uarch_vectors
 from diffsim.perfvec.model import predict
 from diffsim.perfvec.reuse import Trained
 from diffsim.perfvec.uarch import uarch_features
@@ -56,7 +56,7 @@ def encode_tables(trained: Trained, cands: Candidates, chunk: int = 256) -> np.n
   for s in range(0, len(cands), chunk):
     sub = jax.tree.map(lambda x, s=s: np.asarray(x)[s:s + chunk], cands.params)
     per, glob = uarch_features(cands.table, sub)
-    out.append(_uarch_vectors(trained.variables, trained.cfg, per, glob))
+    out.append(uarch_vectors(trained.variables, trained.cfg, per, glob))
   return np.concatenate(out)
 
 

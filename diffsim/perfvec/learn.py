@@ -172,7 +172,7 @@ def build_data(hexes: Sequence[str], apps: Sequence[str] | None, exp: Experiment
   return Data(blocks, part, uarchs, role, y, per, glob)
 
 
-def _sequences(blocks: Sequence[Block], ids: np.ndarray, batch_size: int, seed: int | None):
+def sequences(blocks: Sequence[Block], ids: np.ndarray, batch_size: int, seed: int | None):
   """Minibatches of block positions, each of one sequence bucket (shuffled if seeded)."""
   by: dict[int, list[int]] = {}
   for i in ids:
@@ -190,7 +190,7 @@ def _sequences(blocks: Sequence[Block], ids: np.ndarray, batch_size: int, seed: 
   return out
 
 
-def _pad_to(ids: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+def pad_to(ids: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
   """Positions padded to the batch size (repeating the first) and the real-row mask."""
   real = np.zeros(batch_size, bool)
   real[:len(ids)] = True
@@ -201,7 +201,8 @@ def _pad_to(ids: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
 # Training.
 
 
-def _model(cfg: ModelConfig) -> PerfVec:
+def network(cfg: ModelConfig) -> PerfVec:
+  """The flax module for `cfg` (training, adapting and ranking all apply it)."""
   return PerfVec(cfg)
 
 
@@ -209,11 +210,11 @@ def _init(cfg: ModelConfig, per_opcode, glob, seed: int):
   S = SEQ_BUCKETS[0]
   dummy = Sequences(np.zeros((1, S), np.int32), np.zeros((1, S, NUM_FEATURES), np.float32),
                     np.ones((1, S), bool), np.ones((1, S), bool))
-  return _model(cfg).init(jax.random.key(seed), dummy, per_opcode[:1], glob[:1])
+  return network(cfg).init(jax.random.key(seed), dummy, per_opcode[:1], glob[:1])
 
 
 def _loss(variables, cfg, seq, y, mask, per_opcode, glob):
-  prog, enc, tab = _model(cfg).apply(variables, seq, per_opcode, glob)
+  prog, enc, tab = network(cfg).apply(variables, seq, per_opcode, glob)
   # Labels are cycles per 100 iterations; the model speaks cycles per iteration.
   y = y / 100.0
   return log_error(log_predict(prog, tab), y, mask) + log_error(log_predict(prog, enc), y, mask)
@@ -231,26 +232,26 @@ def _make_step(cfg: ModelConfig, opt):
 
 @functools.partial(jax.jit, static_argnames="cfg")
 def _embed(variables, seq: Sequences, cfg: ModelConfig):
-  return _model(cfg).apply(variables, seq, method=PerfVec.embed)
+  return network(cfg).apply(variables, seq, method=PerfVec.embed)
 
 
 @functools.partial(jax.jit, static_argnames="cfg")
 def _encode_uarch(variables, per_opcode, glob, cfg: ModelConfig):
-  return _model(cfg).apply(variables, per_opcode, glob, method=PerfVec.encode_uarch)
+  return network(cfg).apply(variables, per_opcode, glob, method=PerfVec.encode_uarch)
 
 
-def _program_vectors(variables, cfg: ModelConfig, blocks: Sequence[Block],
+def program_vectors(variables, cfg: ModelConfig, blocks: Sequence[Block],
                      batch_size: int = 256) -> np.ndarray:
   """[N, dim] program vectors, computed bucket by bucket."""
   out = np.zeros((len(blocks), cfg.dim), np.float32)
-  for S, ids in _sequences(blocks, np.arange(len(blocks)), batch_size, None):
-    padded, real = _pad_to(ids, batch_size)
+  for S, ids in sequences(blocks, np.arange(len(blocks)), batch_size, None):
+    padded, real = pad_to(ids, batch_size)
     seq = encode_sequences([blocks[i] for i in padded], S)
     out[ids] = np.asarray(_embed(variables, seq, cfg))[real]
   return out
 
 
-def _uarch_vectors(variables, cfg: ModelConfig, per_opcode, glob) -> np.ndarray:
+def uarch_vectors(variables, cfg: ModelConfig, per_opcode, glob) -> np.ndarray:
   return np.asarray(_encode_uarch(variables, per_opcode, glob, cfg))
 
 
@@ -289,7 +290,7 @@ def train(data: Data, exp: Experiment, out_dir: Path, *, progress: bool = True,
   per, glob = data.per_opcode[tr_u], data.glob[tr_u]
   train_ids = np.flatnonzero(data.part == 0)
   val_ids = np.flatnonzero(data.part == 1)
-  n_batches = len(_sequences(data.blocks, train_ids, exp.batch_size, 0))
+  n_batches = len(sequences(data.blocks, train_ids, exp.batch_size, 0))
   opt = lstm_optimizer(exp.lr, n_batches, exp.epochs)
   variables = _init(cfg, per, glob, exp.seed)
   state = dict(variables=variables, opt=opt.init(variables), best=variables,
@@ -301,11 +302,11 @@ def train(data: Data, exp: Experiment, out_dir: Path, *, progress: bool = True,
       f"x {cfg.train_tables} uarchs; validating on {len(val_ids)} blocks")
   for epoch in range(int(state["epoch"]), exp.epochs):
     t0 = time.time()
-    batches = _sequences(data.blocks, train_ids, exp.batch_size, exp.seed * 1000 + epoch)
+    batches = sequences(data.blocks, train_ids, exp.batch_size, exp.seed * 1000 + epoch)
     bar = _bar(batches, f"epoch {epoch + 1}/{exp.epochs}", progress)
     v, o, losses = state["variables"], state["opt"], []
     for S, ids in bar:
-      padded, real = _pad_to(ids, exp.batch_size)
+      padded, real = pad_to(ids, exp.batch_size)
       seq = encode_sequences([data.blocks[i] for i in padded], S)
       y = y_tr[padded]
       mask = real[:, None] & np.isfinite(y) & (y > 0)
@@ -313,7 +314,7 @@ def train(data: Data, exp: Experiment, out_dir: Path, *, progress: bool = True,
       losses.append(float(loss))
       bar.set_postfix(loss=f"{losses[-1]:.4f}")
     bar.close()
-    vecs = _program_vectors(v, cfg, [data.blocks[i] for i in val_ids])
+    vecs = program_vectors(v, cfg, [data.blocks[i] for i in val_ids])
     tab = np.asarray(v["params"]["uarch_table"])
     val = metrics.mape(np.asarray(predict(vecs, tab)).T * 100.0, data.y[tr_u][:, val_ids])
     seconds = time.time() - t0
@@ -359,7 +360,7 @@ def refit_encoder(variables, cfg: ModelConfig, data: Data, steps: int, *, lr: fl
 
   t0 = time.time()
   train_ids = np.flatnonzero(data.part == 0)
-  programs = _program_vectors(variables, cfg, [data.blocks[i] for i in train_ids])
+  programs = program_vectors(variables, cfg, [data.blocks[i] for i in train_ids])
   groups = []
   for role in ("train", "encoder"):
     rows = np.flatnonzero(np.asarray(data.role) == role)
@@ -407,7 +408,7 @@ def _encoder_steps(variables, cfg: ModelConfig, enc, opt_state, groups, key, opt
       if T > tables_per_step:
         pick = jax.random.choice(k, T, (tables_per_step,), replace=False)
         y, mask, per_opcode, glob = y[:, pick], mask[:, pick], per_opcode[pick], glob[pick]
-      vectors = _model(cfg).apply(v, per_opcode, glob, method=PerfVec.encode_uarch)
+      vectors = network(cfg).apply(v, per_opcode, glob, method=PerfVec.encode_uarch)
       total = total + count * log_abs_error(log_predict(programs, vectors), y, mask)
     return total / sum(counts)
 

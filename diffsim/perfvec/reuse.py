@@ -23,7 +23,7 @@ from diffsim.isa.ir import Block
 from diffsim.perfvec.data import Uarch, uarch_params, uarch_table
 from diffsim.perfvec.features import vocabulary
 from diffsim.perfvec.model import ModelConfig, log_predict, predict, smooth_abs
-from diffsim.perfvec.learn import Data, Experiment, _program_vectors, _uarch_vectors, descend
+from diffsim.perfvec.learn import Data, Experiment, program_vectors, uarch_vectors, descend
 from diffsim.perfvec.uarch import uarch_features
 
 PROBES = 1024  # probe blocks simulated to adapt a uarch vector to a new table
@@ -45,7 +45,7 @@ class Trained:
 
   def embed(self, blocks: Sequence[Block]) -> np.ndarray:
     """[N, dim] program vectors."""
-    return _program_vectors(self.variables, self.cfg, blocks)
+    return program_vectors(self.variables, self.cfg, blocks)
 
   def uarch(self, name_or_path: str) -> np.ndarray:
     """[dim] uarch vector: a training uarch's own vector, else the encoder's vector of
@@ -56,7 +56,7 @@ class Trained:
     u = Uarch.parse(name_or_path)
     table, params = uarch_params([u])
     per, glob = uarch_features(table, params)
-    return _uarch_vectors(self.variables, self.cfg, per, glob)[0]
+    return uarch_vectors(self.variables, self.cfg, per, glob)[0]
 
   def adapt(self, name_or_path: str, probes: int = PROBES, log=None) -> np.ndarray:
     """[dim] uarch vector of a table fitted to the simulator's steady-state throughput
@@ -189,7 +189,7 @@ def evaluate(trained: Trained, data: Data,
   """
   progs = trained.embed(data.blocks)
   role = np.array(data.role)
-  enc = _uarch_vectors(trained.variables, trained.cfg, data.per_opcode, data.glob)
+  enc = uarch_vectors(trained.variables, trained.cfg, data.per_opcode, data.glob)
   tab = np.zeros_like(enc)
   tab[role == "train"] = np.asarray(trained.variables["params"]["uarch_table"])
   # The probes' labels on each unseen table are in the label matrix already (the

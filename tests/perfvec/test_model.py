@@ -133,7 +133,7 @@ def test_keyed_sum_is_the_sum_of_projected_opcodes():
 
 def test_refit_encoder_fits_the_tables_with_the_programs_frozen():
   from diffsim.perfvec.data import Uarch, uarch_params
-  from diffsim.perfvec.learn import Data, _program_vectors, refit_encoder
+  from diffsim.perfvec.learn import Data, program_vectors, refit_encoder
 
   cfg, _, _, _, variables = _model()
   asm = ["addq $1, %rax", "imulq %rax, %rbx", "movq (%rdi), %rdi", "divq %rcx",
@@ -145,7 +145,7 @@ def test_refit_encoder_fits_the_tables_with_the_programs_frozen():
   teacher = PerfVec(cfg).init(jax.random.key(7), encode_sequences(blocks[:1], 16),
                               per[:1], glob[:1])["params"]["uarch"]
   taught = {**variables, "params": {**variables["params"], "uarch": teacher}}
-  programs = _program_vectors(variables, cfg, blocks)
+  programs = program_vectors(variables, cfg, blocks)
   vectors = PerfVec(cfg).apply(taught, per, glob, method=PerfVec.encode_uarch)
   y = np.asarray(predict(programs, vectors)).T * 100.0
   # Encoder tables are labelled on some blocks only, and the refit takes two tables of a
