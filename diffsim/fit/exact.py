@@ -198,7 +198,13 @@ class Judge:
 
   Every table runs in its doubled form (`variants`), moved rows or not, and with the
   widest dispatch pass seen so far: a table, its variants and its dispatch-width moves
-  then share the same compiled programs (compiling them is most of a short search)."""
+  then share the same compiled programs (compiling them is most of a short search).
+
+  A block's cycles depend only on the table's global numbers and the rows of the
+  opcodes it runs, so each result is remembered under a digest of exactly those
+  (`_digests`): a search asks again and again for blocks whose rows no move changed
+  (a verified trial, then the same table's re-judging; a pass that kept nothing), and
+  those are not simulated again."""
 
   def __init__(self, table: Table, blocks: Sequence, job: int = 256):
     from diffsim.sim.blocks import block_encoding
@@ -212,6 +218,9 @@ class Judge:
     self.job = job
     self.K = len(table.layout.keys)
     self.group = 1  # the widest dispatch pass so far
+    self.rows = [self.keys(i) for i in range(len(self.encodings))]
+    self.known: dict[bytes, float] = {}  # `_digests` -> steady cycles per 100 iterations
+    self.simulated = self.remembered = 0  # blocks run, and blocks answered from `known`
 
   def keys(self, i: int) -> np.ndarray:
     """The distinct opcode rows block i uses (none for a block that cannot run)."""
@@ -235,9 +244,13 @@ class Judge:
     self.group = max(self.group, group_for(table.params.dispatch_width))
     ids = np.asarray(ids, int)
     out = np.full(len(ids), np.nan)
+    digests = self._digests(table, ids, moved, iterations)
     groups: dict[tuple, list[int]] = {}
     for j, i in enumerate(ids.tolist()):
-      if self.shape[i] is not None:
+      if (known := self.known.get(digests[j])) is not None:
+        out[j] = known
+        self.remembered += 1
+      elif self.shape[i] is not None:
         groups.setdefault(self.shape[i], []).append(j)
     for (L, D, C), pos in sorted(groups.items()):
       pos = np.array(pos)
@@ -256,6 +269,34 @@ class Judge:
         cyc, codes = simulate(table, batch, iterations=its, group=self.group, throw=False)
         val = 100.0 * (cyc[self.job:self.job + m] - cyc[:m]) / iterations
         out[part] = np.where((codes[:m] | codes[self.job:self.job + m]) != 0, np.nan, val)
+        self.known.update(zip((digests[j] for j in part), out[part].tolist()))
+        self.simulated += m
+    return out
+
+  def _digests(self, table: Table, ids: np.ndarray, moved, iterations: int) -> list[bytes]:
+    """Per block, a digest of all that decides its cycles: the iterations, the doubled
+    table's global numbers and structure, and the rows it runs (its moved opcode's
+    variant row in place of the original)."""
+    import hashlib
+
+    n_rows = len(table.layout.keys)
+    fields = [np.asarray(getattr(table.params, f.name)) for f in dataclasses.fields(table.params)]
+    fields += [np.asarray(x) for x in jax.tree.leaves(table.structure)]
+    per_row = [a for a in fields if a.ndim and a.shape[0] == n_rows]
+    common = hashlib.blake2b(str(iterations).encode(), digest_size=16)
+    for a in fields:
+      if not (a.ndim and a.shape[0] == n_rows):
+        common.update(np.ascontiguousarray(a).tobytes())
+    out = []
+    for j, i in enumerate(ids.tolist()):
+      rows = self.rows[i]
+      if moved is not None and (k := int(moved[j])) >= 0:
+        rows = np.where(rows == k, self.K + k, rows)
+      h = common.copy()
+      h.update(i.to_bytes(8, "little"))
+      for a in per_row:
+        h.update(np.ascontiguousarray(a[rows]).tobytes())
+      out.append(h.digest())
     return out
 
 
@@ -531,7 +572,8 @@ def refine(table: Table, blocks: Sequence, y: np.ndarray, moves: Sequence[Move],
         pending = [k for k in moved if gains[k] >= min_gain and k not in now] + now
       rec = dict(round=r, move=str(move), tried=tried, kept=len(kept),
                  train=float(err[judged].mean()), seconds=time.time() - t0,
-                 mappings=_mappings())
+                 mappings=_mappings(), simulated=judge.simulated,
+                 remembered=judge.remembered)
       if move is moves[-1]:
         jax.clear_caches()  # a round compiles many programs; a process holds only so many
       if move is moves[-1] and val is not None:

@@ -72,6 +72,27 @@ def test_variant_rows_run_the_moved_row_only_where_asked(short, truth):
   assert np.mean(np.abs(mixed - y[ids]) / y[ids]) < np.mean(np.abs(base - y[ids]) / y[ids])
 
 
+def test_a_judge_simulates_again_only_the_blocks_whose_rows_changed(short, truth):
+  """Results are remembered under the rows a block runs: asked again, a judge answers
+  from memory, and after one opcode's row changes it runs exactly that opcode's blocks,
+  with the cycles a fresh judge gets."""
+  table, y, perturbed, moved = truth
+  judge = Judge(table, short)
+  ids = np.arange(len(short))
+  np.testing.assert_array_equal(judge(table, ids), y)
+  ran = judge.simulated
+  np.testing.assert_array_equal(judge(table, ids), y)
+  assert judge.simulated == ran and judge.remembered >= len(short)
+  k = moved[0]
+  p = {name: np.array(v) for name, v in vars(table.params).items()}
+  apply(p, k, Move("latency", +2))
+  again = judge(_with(table, p), ids)
+  users = [i for i in ids if k in judge.keys(i)]
+  assert judge.simulated - ran == len(users)
+  np.testing.assert_array_equal(again, Judge(table, short)(_with(table, p), ids))
+  assert np.any(again[users] != y[users])
+
+
 def test_search_recovers_perturbed_latencies_and_resumes(short, truth, tmp_path):
   table, y, perturbed, moved = truth
   before = Judge(perturbed, short)(perturbed, np.arange(len(short)))
