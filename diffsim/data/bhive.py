@@ -211,6 +211,11 @@ def load_rows(path: str | Path) -> list[Row]:
   Raises:
     FileNotFoundError: the file does not exist.
     ValueError: the file is not text.
+
+  >>> from diffsim.data import shipped
+  >>> rows = load_rows(shipped("zen5-small.csv"))
+  >>> len(rows), rows[0].error
+  (3000, None)
   """
   return _parse(Path(path))[1]
 

@@ -67,6 +67,10 @@ def summary(pred, y) -> dict:
 
   Returns:
     dict(mape, kendall_tau, within_1pct, within_5pct, n), n = pairs used.
+
+  >>> s = summary([100.0, 210.0], [100.0, 200.0])
+  >>> s["mape"], s["kendall_tau"], s["n"]
+  (0.025, 1.0, 2)
   """
   p, t = _pairs(pred, y)
   return dict(

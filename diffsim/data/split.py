@@ -62,6 +62,10 @@ def split(
 
   Returns:
     (train, val, test), each in the original order.
+
+  >>> from diffsim.data import load_csv, shipped
+  >>> [len(part) for part in split(load_csv(shipped("zen5-small.csv")), seed=0)]
+  [2382, 298, 320]
   """
   ids = split_ids(ds.hex, seed=seed, fractions=fractions)
   return tuple(ds.take(np.flatnonzero(ids == k)) for k in range(3))  # type: ignore[return-value]

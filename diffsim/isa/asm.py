@@ -46,6 +46,9 @@ def parse_asm(text: str, *, syntax: str = "att") -> Block:
     DecodeError: `asm-error` naming the first rejected line, `empty` for text
       without instructions, or any reason of `decode_block`.
     ValueError: unknown `syntax`.
+
+  >>> [i.key for i in parse_asm("addq %rbx, %rax; imulq %rax, %rax").instrs]
+  ['ADD64rr', 'IMUL64rr']
   """
   if syntax not in ("att", "intel"):
     raise ValueError(f"syntax must be 'att' or 'intel', not {syntax!r}")

@@ -29,6 +29,10 @@ def block_to_json(block: Block) -> dict:
 
   Reads are `[reg, role, width]`, writes `[reg, role, merge, width]`, memory
   operands objects.
+
+  >>> from diffsim.isa import parse_asm
+  >>> sorted(block_to_json(parse_asm("addq %rbx, %rax")))
+  ['hex', 'instrs']
   """
   return {"hex": block.hex, "instrs": [_instr_to_json(i) for i in block.instrs]}
 

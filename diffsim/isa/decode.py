@@ -129,6 +129,9 @@ def decode_blocks(hexes: Sequence[str], *, progress: bool = False) -> list[Resul
 
   Raises:
     RuntimeError: llvm-mc is missing or misbehaves (an environment problem).
+
+  >>> [type(b).__name__ for b in decode_blocks(["4801d8", "zz"])]
+  ['Block', 'DecodeError']
   """
   split: list[tuple[str, list[bytes]] | DecodeError] = []
   new: dict[bytes, None] = {}
@@ -173,6 +176,9 @@ def decode_block(hex: str) -> Block:  # pylint: disable=redefined-builtin
 
   Raises:
     DecodeError: the block cannot be decoded (see `REASONS`).
+
+  >>> decode_block("4801d8").instrs[0].text
+  'addq %rbx, %rax'
   """
   res = decode_blocks([hex])[0]
   if isinstance(res, DecodeError):

@@ -372,7 +372,11 @@ def from_json(doc: Mapping[str, Any], dtype=np.float32) -> Table:
 
 def available_tables() -> list[str]:
   """Names of the tables shipped with diffsim (`diffsim.params.load_table(name)`), and
-  of the starting tables built from public facts (`diffsim.params.starts`)."""
+  of the starting tables built from public facts (`diffsim.params.starts`).
+
+  >>> {"haswell", "zen5", "zen4"} <= set(available_tables())
+  True
+  """
   from diffsim.params.starts import STARTS
 
   return sorted({p.stem for p in TABLES_DIR.glob("*.json")} | set(STARTS))
@@ -411,5 +415,10 @@ def write_json(doc: Mapping[str, Any], path: str | Path) -> None:
 
 @functools.lru_cache(maxsize=16)
 def load_table(cpu_or_path: str) -> Table:
-  """Loads a shipped table by CPU name (`haswell`) or a JSON file by path."""
+  """Loads a shipped table by CPU name (`haswell`) or a JSON file by path.
+
+  >>> table = load_table("zen5")
+  >>> int(table.params.rob_size), int(table.params.dispatch_width)
+  (448, 8)
+  """
   return from_json(load_json(cpu_or_path))

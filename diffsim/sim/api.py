@@ -146,6 +146,16 @@ def simulate_sweep(table: Table, batch: BlockBatch, *, params: Params, iteration
 
   Returns:
     Cycles(total [P, B] int32, status [P, B] int32) as numpy arrays.
+
+  >>> import jax, jax.numpy as jnp
+  >>> from diffsim import load_table, parse_asm
+  >>> table = load_table("haswell")
+  >>> params = jax.tree.map(lambda x: jnp.stack([x, x]), table.params)
+  >>> params = params.replace(dispatch_width=jnp.array([4.0, 1.0]))  # two tables
+  >>> batch = encode(table, [parse_asm("addq %rbx, %rax; addq %rcx, %rdx")])
+  >>> simulate_sweep(table, batch, params=params).total
+  array([[103],
+         [203]], dtype=int32)
   """
   B = batch.opcode.shape[0]
   # Blocks are dealt to the processes (`diffsim.sim.hosts`), each crossing all tables.
