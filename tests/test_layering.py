@@ -139,3 +139,19 @@ def test_a_later_import_is_caught(tmp_path):
       f"{src}:2: diffsim.isa.decode imports diffsim.params.table"]
   src.write_text("from diffsim.isa import encode\n")
   assert violations("diffsim.isa.decode", src)
+
+
+def test_llvm_tools_run_only_through_llvmtools():
+  """Every LLVM process diffsim starts goes through `diffsim.llvmtools.run_tool`, so
+  they share one lookup, one way of passing input and one error type: no other module
+  names an LLVM tool in a subprocess call of its own."""
+  offenders = []
+  for path in sorted(Path(diffsim.__file__).parent.rglob("*.py")):
+    if path.name == "llvmtools.py":
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and isinstance(node.func.value, ast.Name) and node.func.value.id == "subprocess"
+          and "llvm" in ast.unparse(node)):
+        offenders.append(f"{path.name}:{node.lineno}")
+  assert not offenders, offenders

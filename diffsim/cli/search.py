@@ -90,12 +90,9 @@ def _glimpse_models(task, training, progress: bool):
 
 def _intel(text: str) -> str:
   """AT&T text in Intel syntax, via llvm-mc's printer."""
-  import subprocess
+  from diffsim.llvmtools import run_tool
 
-  from diffsim.llvmtools import find_llvm_tool
-
-  res = subprocess.run([find_llvm_tool("llvm-mc"), "-triple=x86_64", "-output-asm-variant=1"],
-                       input=text, capture_output=True, text=True, check=False)
+  res = run_tool("llvm-mc", ["-triple=x86_64", "-output-asm-variant=1"], text)
   lines = [ln.strip() for ln in res.stdout.splitlines()
            if ln.strip() and not ln.strip().startswith(".")]
   return "\n".join(lines) + "\n"

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import re
 import subprocess
-import tempfile
 from typing import NamedTuple
 
 from diffsim.isa import idioms
 from diffsim.isa.ir import DecodeError
-from diffsim.llvmtools import find_llvm_tool
+from diffsim.llvmtools import run_tool
 
 DIAG = re.compile(r"^<stdin>:(\d+):(\d+): (warning|error): (.*)$", re.MULTILINE)
 _DISASM = ["--disassemble", "-triple=x86_64", "-show-inst"]
@@ -42,27 +41,12 @@ _sep_text: str | None = None
 
 
 def run(args: list[str], stdin: str) -> subprocess.CompletedProcess:
-  """llvm-mc on `stdin`, through temporary files rather than pipes.
-
-  Pipes are pumped by a Python thread that needs the GIL for every 64 KiB, and while
-  another thread computes (decoding runs llvm-mc beside the iced pass) each of those
-  waits for a switch: llvm-mc then took 3 s instead of 0.7 s. With files, llvm-mc runs
-  on its own and the thread only waits for it, without the GIL.
-  """
-  with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout, \
-      tempfile.TemporaryFile() as ferr:
-    fin.write(stdin.encode())
-    fin.seek(0)
-    try:
-      exe = find_llvm_tool("llvm-mc")
-      proc = subprocess.run([exe, *args], stdin=fin, stdout=fout, stderr=ferr, check=False)
-    except FileNotFoundError as e:  # an environment problem, not a bad block
-      raise RuntimeError(str(e)) from e
-    fout.seek(0)
-    ferr.seek(0)
-    return subprocess.CompletedProcess(proc.args, proc.returncode,
-                                       fout.read().decode(errors="replace"),
-                                       ferr.read().decode(errors="replace"))
+  """llvm-mc on `stdin`, through temporary files rather than pipes (`run_tool`'s
+  `files`: decoding runs llvm-mc beside the iced pass)."""
+  try:
+    return run_tool("llvm-mc", args, stdin, files=True)
+  except FileNotFoundError as e:  # an environment problem, not a bad block
+    raise RuntimeError(str(e)) from e
 
 
 def _group_bytes(data: bytes) -> str:

@@ -22,10 +22,9 @@ import dataclasses
 import html
 import os
 import re
-import subprocess
 import tempfile
 
-from diffsim.llvmtools import find_llvm_tool
+from diffsim.llvmtools import run_tool
 from diffsim.params import mctools
 
 _POINT = """---
@@ -150,11 +149,11 @@ def read_classes(cpu: str, points: dict[str, str], *, workdir: str | None = None
     while True:
       with open(yml, "w") as f:
         f.write(write_points(cpu, points))
-      p = subprocess.run(
-          [find_llvm_tool("llvm-exegesis"), "-mode=analysis", f"-benchmarks-file={yml}",
-           f"-analysis-inconsistencies-output-file={rep}",
-           f"-analysis-clusters-output-file={csv}", "-analysis-numpoints=1",
-           "-analysis-clustering=naive"], capture_output=True, text=True, check=False)
+      p = run_tool("llvm-exegesis", [
+          "-mode=analysis", f"-benchmarks-file={yml}",
+          f"-analysis-inconsistencies-output-file={rep}",
+          f"-analysis-clusters-output-file={csv}", "-analysis-numpoints=1",
+          "-analysis-clustering=naive"])
       if p.returncode == 0:
         break
       # A point llvm-exegesis cannot read fails the whole file: drop it and retry.

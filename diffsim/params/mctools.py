@@ -22,12 +22,12 @@ import subprocess
 from collections.abc import Iterable
 
 from diffsim.isa.roles import GPR_NAMES, HIGH_BYTES
-from diffsim.llvmtools import find_llvm_tool
+from diffsim.llvmtools import LlvmError, find_llvm_tool, run_tool
 
 TRIPLE = "x86_64-unknown-linux-gnu"
 
 
-class ToolError(RuntimeError):
+class ToolError(LlvmError):
   """An LLVM tool failed or reported an error on stderr."""
 
 
@@ -45,8 +45,7 @@ def run(args: list[str], stdin: str | None = None, *, check_stderr: bool = False
   Raises:
     ToolError: non-zero exit status, or an error on stderr when `check_stderr`.
   """
-  p = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=timeout,
-                     check=False)
+  p = run_tool(args[0], args[1:], stdin or "", timeout=timeout)
   if (check_status and p.returncode != 0) or (check_stderr and "error:" in p.stderr):
     raise ToolError(f"{args[0]} failed ({p.returncode}): {p.stderr[:2000]}")
   return p

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import functools
 import re
-import subprocess
 from collections.abc import Sequence
 
 from diffsim.isa import decode_blocks, parse_asm
-from diffsim.llvmtools import find_llvm_tool
+from diffsim.llvmtools import LlvmError, run_tool
 from diffsim.search.space import ISAS, Config, Task
 
 
@@ -186,11 +185,10 @@ def lower_many(task: Task, configs: Sequence[Config]) -> list:
   A configuration that fails gets its DecodeError in place of a Block.
   """
   texts = [assembly(task, c).splitlines() for c in configs]
-  res = subprocess.run([find_llvm_tool("llvm-mc"), "-triple=x86_64", "-show-encoding"],
-                       input="\n".join(line for t in texts for line in t) + "\n",
-                       capture_output=True, text=True, check=False)
+  res = run_tool("llvm-mc", ["-triple=x86_64", "-show-encoding"],
+                 "\n".join(line for t in texts for line in t) + "\n")
   if "error:" in res.stderr:
-    raise RuntimeError(f"llvm-mc rejected generated assembly: {res.stderr[:500]}")
+    raise LlvmError(f"llvm-mc rejected generated assembly: {res.stderr[:500]}")
   encodings = [bytes(int(x, 16) for x in m.group(1).split(","))
                for m in _ENCODING.finditer(res.stdout)]
   if len(encodings) != sum(len(t) for t in texts):
