@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from simulate_speed import sample_hexes
+from diffsim.data import corpus_hexes
 
 
 def timed_command(*args: str) -> float:
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
                   help="steady: both commands run N and 2N iterations (eval's default)")
   args = ap.parse_args(argv)
   mode = ("--throughput", args.throughput)
-  hexes, source = sample_hexes(args.n, seed=1)
+  hexes, source = corpus_hexes(args.n, seed=1)
   with tempfile.TemporaryDirectory() as d:
     d = Path(d)
     (d / "in.csv").write_text("hex\n" + "\n".join(hexes) + "\n")

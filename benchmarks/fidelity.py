@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import random
 import sys
 import time
 
 import numpy as np
 
-from diffsim.data import shared_data_dir, shipped
+from diffsim.data import corpus_hexes, shared_data_dir, shipped
 from diffsim.isa import decode_blocks
 from diffsim.mca import run_mca
 from diffsim.params.table import load_table
@@ -34,10 +33,7 @@ def sample(n: int, seed: int):
   """(hexes, {cpu: label array}) from the corpus sample, or the shipped file."""
   shared = shared_data_dir()
   if shared is not None:
-    with open(shared / "bhive" / "blocks.csv") as f:
-      hexes = [r[0] for r in csv.reader(f)][1:]
-    random.Random(seed).shuffle(hexes)
-    hexes = hexes[:n]
+    hexes, _ = corpus_hexes(n, seed)
     labels = {}
     for path in sorted((shared / "mca").glob("*.csv")):
       with open(path) as f:

@@ -26,11 +26,9 @@ The device, versions, figures and checks go to --out as JSON.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
-import random
 import sys
 import tempfile
 import time
@@ -80,7 +78,7 @@ def main(argv=None) -> int:
   import jax
 
   compiles = _count_compiles(jax)
-  from diffsim.data import load_csv, shared_data_dir, shipped
+  from diffsim.data import corpus_hexes, load_csv, shared_data_dir, shipped
   from diffsim.isa import decode_blocks
   from diffsim.params.table import load_table
 
@@ -101,10 +99,7 @@ def main(argv=None) -> int:
 
   # Blocks: a seeded BHive sample (the shipped llvm-mca sample without ../shared).
   shared = shared_data_dir()
-  path = shared / "bhive" / "blocks.csv" if shared else shipped("mca-small.csv")
-  with open(path) as f:
-    hexes = [r[0] for r in csv.reader(f)][1:]
-  random.Random(0).shuffle(hexes)
+  hexes, source = corpus_hexes(None, 0)
   table = load_table(args.cpu)
   blocks = [b for b in decode_blocks(hexes[:4 * args.n if args.dry_run else args.n])
             if not isinstance(b, Exception) and b.instrs
@@ -113,7 +108,7 @@ def main(argv=None) -> int:
 
   supported = np.asarray(table.structure.supported)
   blocks = [b for b in blocks if block_error(table, b, supported) is None]
-  print(f"# {len(blocks)} blocks of {path.name}, {args.cpu}, {args.iterations} iterations")
+  print(f"# {len(blocks)} blocks of the {source}, {args.cpu}, {args.iterations} iterations")
 
   steady = _steady(args, table, blocks, ceiling, on_cpu, compiles, record)
   _sweep(args, table, blocks[:args.sweep_blocks], ceiling, on_cpu, compiles, record)

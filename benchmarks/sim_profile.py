@@ -44,8 +44,7 @@ tune_xla()  # and the command's other options
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(__file__))
-from simulate_speed import sample_hexes  # noqa: E402
+from diffsim.data import corpus_hexes  # noqa: E402
 
 from diffsim.isa import decode_blocks  # noqa: E402
 from diffsim.isa.encode import BUCKETS  # noqa: E402
@@ -137,7 +136,7 @@ def main():
 def report():
   table = load_table(ARGS.cpu)
   lo, hi = map(int, ARGS.lengths.split("-"))
-  hexes, source = sample_hexes(20 * ARGS.n)
+  hexes, source = corpus_hexes(20 * ARGS.n)
   blocks = [b for b in decode_blocks(hexes)
             if not isinstance(b, Exception) and lo <= len(b.instrs) <= hi]
   runnable = []

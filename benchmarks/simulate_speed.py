@@ -14,9 +14,7 @@ shipped mca-small.csv.
 from __future__ import annotations
 
 import argparse
-import csv
 import platform
-import random
 import resource
 import sys
 import time
@@ -28,27 +26,13 @@ tune_xla()  # one XLA CPU device per core, small loops whole: before JAX starts
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from diffsim.data import shared_data_dir, shipped  # noqa: E402
+from diffsim.data import corpus_hexes  # noqa: E402
 from diffsim.isa import decode_blocks  # noqa: E402
 from diffsim.llvmtools import llvm_version  # noqa: E402
 from diffsim.mca import run_mca  # noqa: E402
 from diffsim.params.table import load_table  # noqa: E402
 from diffsim.sim import encode, simulate, simulate_blocks  # noqa: E402
 from diffsim.sim.kernels import window_for  # noqa: E402
-
-
-def sample_hexes(n: int, seed: int = 0) -> tuple[list[str], str]:
-  shared = shared_data_dir()
-  if shared is not None:
-    with open(shared / "bhive" / "blocks.csv") as f:
-      rows = [r[0] for r in csv.reader(f)][1:]
-    source = "BHive corpus"
-  else:
-    with open(shipped("mca-small.csv")) as f:
-      rows = [r[0] for r in csv.reader(f)][1:]
-    source = "shipped mca-small.csv"
-  random.Random(seed).shuffle(rows)
-  return rows[:n], source
 
 
 def timed(fn, *args, **kw):
@@ -65,7 +49,7 @@ def main(argv=None):
   ap.add_argument("--quick", action="store_true", help="toy size, for CI smoke runs")
   args = ap.parse_args(argv)
   n = 200 if args.quick else args.n
-  hexes, source = sample_hexes(n)
+  hexes, source = corpus_hexes(n)
   blocks, t_decode = timed(decode_blocks, hexes)
   ok = [b for b in blocks if not isinstance(b, Exception)]
   table = load_table(args.cpu)

@@ -13,9 +13,7 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
-import random
 import time
 
 import jax
@@ -23,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from diffsim.cli import tune_xla
-from diffsim.data import shared_data_dir, shipped
+from diffsim.data import corpus_hexes
 from diffsim.fit import learn
 from diffsim.fit.batches import minibatches
 from diffsim.params.table import load_table
@@ -63,15 +61,7 @@ def finite_per_block(params, structure, batch, traces, iterations, y, *, layout,
 
 
 def corpus(n: int | None, seed: int = 0) -> list[str]:
-  shared = shared_data_dir()
-  if shared is None:
-    with open(shipped("mca-small.csv")) as f:
-      hexes = [r["hex"] for r in csv.DictReader(f)]
-  else:
-    with open(shared / "bhive" / "blocks.csv") as f:
-      hexes = [r[0] for r in csv.reader(f)][1:]
-  random.Random(seed).shuffle(hexes)
-  return hexes if n is None else hexes[:n]
+  return corpus_hexes(n, seed)[0]
 
 
 def main() -> None:

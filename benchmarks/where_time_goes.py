@@ -36,8 +36,7 @@ from diffsim.mca import run_mca  # noqa: E402
 from diffsim.params.table import load_table  # noqa: E402
 from diffsim.sim import encode, simulate  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(__file__))
-from simulate_speed import sample_hexes  # noqa: E402
+from diffsim.data import corpus_hexes  # noqa: E402
 
 # llvm-mca's closest model per table (LLVM 14 has no Zen 5 or Granite Rapids model).
 PEER = {"haswell": "haswell", "zen5": "znver3", "graniterapids": "icelake-server",
@@ -108,7 +107,7 @@ def main(argv=None) -> int:
   ap.add_argument("--search", action="store_true", help="also the mapping check")
   ap.add_argument("--search-n", type=int, default=600)
   args = ap.parse_args(argv)
-  hexes, source = sample_hexes(args.n, seed=1)
+  hexes, source = corpus_hexes(args.n, seed=1)
   decoded, decode_s = timed(decode_blocks, hexes)
   blocks = [b for b in decoded if not isinstance(b, Exception)]
   print(f"# where the time goes: {len(blocks)} blocks ({source}), 100 iterations, "

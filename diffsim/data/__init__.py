@@ -15,6 +15,7 @@ from diffsim.data.metrics import mape as mape
 from diffsim.data.metrics import summary as summary
 from diffsim.data.metrics import within as within
 from diffsim.data.shipped import SHIPPED as SHIPPED
+from diffsim.data.shipped import corpus_hexes as corpus_hexes
 from diffsim.data.shipped import shared_data_dir as shared_data_dir
 from diffsim.data.shipped import shipped as shipped
 from diffsim.data.split import split as split
@@ -26,6 +27,7 @@ __all__ = [
   "Dataset",
   "Row",
   "confidence_weights",
+  "corpus_hexes",
   "kendall_tau",
   "load_csv",
   "load_rows",

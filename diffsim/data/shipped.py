@@ -80,3 +80,29 @@ def shared_data_dir() -> Path | None:
     if p.is_dir():
       return p
   return None
+
+
+def corpus_hexes(n: int | None = None, seed: int = 0) -> tuple[list[str], str]:
+  """A seeded sample of BHive block hexes for experiments, and where it came from: the
+  whole corpus (`bhive/blocks.csv` of the shared data) when present, else the 2,000
+  blocks of the shipped `mca-small.csv`. The benchmarks' one sampler, so that their
+  figures are taken on the same blocks.
+
+  Args:
+    n: blocks wanted (None: all, shuffled).
+    seed: the shuffle's seed (`random.Random(seed)`).
+
+  >>> hexes, source = corpus_hexes(5, seed=1)
+  >>> len(hexes), source in ("BHive corpus", "shipped mca-small.csv")
+  (5, True)
+  """
+  import csv
+  import random
+
+  shared = shared_data_dir()
+  path = shared / "bhive" / "blocks.csv" if shared is not None else shipped("mca-small.csv")
+  with open(path) as f:
+    hexes = [r[0] for r in csv.reader(f)][1:]
+  random.Random(seed).shuffle(hexes)
+  return (hexes if n is None else hexes[:n],
+          "BHive corpus" if shared is not None else "shipped mca-small.csv")
