@@ -218,14 +218,15 @@ class Judge:
     self.job = job
     self.K = len(table.layout.keys)
     self.group = 1  # the widest dispatch pass so far
-    self.rows = [self.keys(i) for i in range(len(self.encodings))]
+    # Per block, the distinct opcode rows it uses (none for a block that cannot run).
+    self.rows = [np.zeros(0, int) if isinstance(e, str) else np.unique([r[1] for r in e.instrs])
+                 for e in self.encodings]
     self.known: dict[bytes, float] = {}  # `_digests` -> steady cycles per 100 iterations
     self.simulated = self.remembered = 0  # blocks run, and blocks answered from `known`
 
   def keys(self, i: int) -> np.ndarray:
     """The distinct opcode rows block i uses (none for a block that cannot run)."""
-    e = self.encodings[i]
-    return np.zeros(0, int) if isinstance(e, str) else np.unique([r[1] for r in e.instrs])
+    return self.rows[i]
 
   def __call__(self, table: Table, ids: Sequence[int], iterations: int = 100,
                moved: Sequence[int] | None = None) -> np.ndarray:
